@@ -1,0 +1,94 @@
+"""The approval node: a LangGraph ``interrupt()`` per call that policy says needs a human.
+
+Everything before ``interrupt()`` is deterministic and idempotent: the approval
+id derives from the tool-call id, and the row is created only if absent, so a
+replay after resume finds the same approval. The approval row, decided by a
+compare-and-set, is the truth; the resume payload decides only a row that is
+still pending (a graph resumed directly, as in LangGraph Studio).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.runtime import Runtime
+from langgraph.types import interrupt
+
+from runtime import ids
+from runtime.context import Context
+from runtime.errors import Code
+from runtime.events import summarize
+from runtime.model import Approval, utcnow
+from runtime.state import RunState, failed
+from runtime.tooling import ToolResolver
+
+NodeFn = Any
+
+
+def parse_decision(answer: Any) -> tuple[str, str | None, str]:
+    """(approved|rejected, comment, decided_by) from a resume payload."""
+    if isinstance(answer, dict):
+        raw = str(answer.get("decision", "")).lower()
+        comment = answer.get("comment")
+        by = str(answer.get("decided_by") or "graph-resume")
+    else:
+        raw, comment, by = str(answer).lower(), None, "graph-resume"
+    status = "approved" if raw in ("approve", "approved", "yes", "true") else "rejected"
+    return status, comment, by
+
+
+def make_approval_node(tools: ToolResolver) -> NodeFn:
+    async def approval_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
+        ctx = runtime.context
+        rejected: list[dict[str, Any]] = []
+        for call in state.get("calls", []):
+            if not call["needs_approval"]:
+                continue
+            spec = tools.resolve(call["tool"], call["version"])
+            assert spec is not None, "the guard resolved this tool"
+            approval_id = ids.approval_id(call["tool_call_id"])
+            request = {
+                "approval_id": approval_id, "run_id": ctx.run_id,
+                "tool_call_id": call["tool_call_id"], "tool": spec.name,
+                "version": spec.version, "args": call["args"], "args_summary":
+                summarize(call["args"]), "risk": spec.risk, "reason": call["reason"],
+            }
+            row = await ctx.store.ensure_approval(
+                Approval(
+                    approval_id=approval_id, run_id=ctx.run_id,
+                    tool_call_id=call["tool_call_id"], tool=spec.ref, args=call["args"],
+                    args_hash=call["args_hash"], risk=spec.risk, reason=call["reason"],
+                    status="pending", created_at=utcnow(),
+                ),
+                request,
+            )
+            # Called for every approval, decided or not, so that resume values stay
+            # matched to interrupts by position when the node replays.
+            answer = interrupt(request)
+            if row.status == "pending":
+                status, comment, by = parse_decision(answer)
+                row, _ = await ctx.store.decide_approval(
+                    approval_id, status, decided_by=by, comment=comment  # type: ignore[arg-type]
+                )
+            if row.status != "approved" or row.args_hash != call["args_hash"]:
+                rejected.append({"call": call, "on_reject": spec.on_reject, "row": row})
+        if not rejected:
+            return {}
+        if all(r["on_reject"] == "replan" for r in rejected):
+            return {
+                "calls": [],
+                "observations": [
+                    {"step_index": state["step_index"], "tool_call_id": r["call"]["tool_call_id"],
+                     "tool": r["call"]["tool"], "status": Code.APPROVAL_REJECTED.value,
+                     "error": r["row"].comment or "rejected", "summary": "a human rejected it"}
+                    for r in rejected
+                ],
+                "memory_version": state.get("memory_version", 0) + 1,
+            }
+        first = rejected[0]["row"]
+        message = f"{first.tool} rejected by {first.decided_by}" + (
+            f": {first.comment}" if first.comment else ""
+        )
+        return {"outcome": failed(Code.APPROVAL_REJECTED, message), "calls": []}
+
+    return approval_node

@@ -1,0 +1,53 @@
+"""The finish node: the terminal check. "The model says it is done" is only a proposal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from runtime.context import Context
+from runtime.model import Decision
+from runtime.state import RunState
+
+NodeFn = Any
+
+
+async def terminal_problems(state: RunState, ctx: Context) -> list[str]:
+    problems = []
+    if state.get("calls"):
+        problems.append("tool calls are still queued")
+    if await ctx.store.list_approvals(run_id=ctx.run_id, status="pending", limit=1):
+        problems.append("an approval is still open")
+    for row in await ctx.store.list_tool_calls(ctx.run_id):
+        if row.status == "running":
+            problems.append(f"tool call {row.tool_call_id} is still running")
+        if row.artifact_id and not await ctx.store.artifact_exists(row.artifact_id):
+            problems.append(f"artifact {row.artifact_id} is not stored")
+    return problems
+
+
+def make_finish_node() -> NodeFn:
+    async def finish_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
+        ctx = runtime.context
+        decision = Decision.model_validate(state["decision"])
+        problems = await terminal_problems(state, ctx)
+        if problems:
+            return {
+                "observations": [{
+                    "step_index": state["step_index"], "tool_call_id": "", "tool": "finish",
+                    "status": "FINISH_REFUSED", "summary": "; ".join(problems),
+                    "error": "; ".join(problems),
+                }],
+                "memory_version": state.get("memory_version", 0) + 1,
+            }
+        artifacts = sorted({
+            o["artifact_id"] for o in state.get("observations", []) if o.get("artifact_id")
+        })
+        return {
+            "result": {"answer": decision.answer, "summary": decision.summary,
+                       "data": decision.data, "artifacts": artifacts},
+            "outcome": {"status": "succeeded", "code": None, "message": ""},
+        }
+
+    return finish_node

@@ -1,0 +1,93 @@
+"""The guard node: nothing runs before its tool, version, schema, policy and budget pass.
+
+Argument errors and unknown tools go back to the planner as observations (a
+replan, bounded by the step budget); a policy denial or an exhausted budget
+ends the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.runtime import Runtime
+from pydantic import ValidationError
+
+from runtime import ids
+from runtime.budget import before_tools, limits_from
+from runtime.context import Context
+from runtime.errors import CODES, Code
+from runtime.events import EventType
+from runtime.model import Decision, RunContext, Usage
+from runtime.policy import Policy
+from runtime.state import RunState, failed
+from runtime.tooling import ToolResolver
+
+NodeFn = Any
+
+
+def _validation_message(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'args'}: {err['msg']}" for err in exc.errors()
+    )
+
+
+def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
+    async def guard_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
+        ctx = runtime.context
+        decision = Decision.model_validate(state["decision"])
+        step = state["step_index"]
+        context = RunContext.model_validate(state.get("context") or {})
+        calls: list[dict[str, Any]] = []
+        rejected: list[dict[str, Any]] = []
+        for index, proposed in enumerate(decision.tool_calls):
+            tc_id = ids.tool_call_id(ctx.run_id, step, index)
+            spec = tools.resolve(proposed.tool, proposed.version)
+            code, message = None, ""
+            if spec is None:
+                wanted = proposed.tool + (f"@{proposed.version}" if proposed.version else "")
+                code, message = Code.TOOL_NOT_FOUND, f"no tool {wanted}"
+            else:
+                try:
+                    args = spec.args_model.model_validate(proposed.args)
+                except ValidationError as exc:
+                    code, message = Code.TOOL_ARGUMENT_INVALID, _validation_message(exc)
+                else:
+                    verdict = policy.decide(spec, args, context)
+                    if verdict.action == "deny":
+                        await ctx.store.append_event(
+                            ctx.run_id, EventType.ERROR,
+                            {"code": Code.POLICY_DENIED, "message": verdict.reason,
+                             "tool_call_id": tc_id, "recovery": CODES[Code.POLICY_DENIED].recovery},
+                            dedupe_key=f"error:{tc_id}",
+                        )
+                        return {"outcome": failed(Code.POLICY_DENIED, verdict.reason), "calls": []}
+                    normalized = args.model_dump(mode="json")
+                    calls.append({
+                        "tool_call_id": tc_id, "call_index": index, "tool": spec.name,
+                        "version": spec.version, "args": normalized,
+                        "args_hash": ids.content_hash(normalized),
+                        "needs_approval": verdict.action == "approve", "reason": verdict.reason,
+                    })
+            if code is not None:
+                rejected.append({
+                    "step_index": step, "tool_call_id": tc_id, "tool": proposed.tool,
+                    "status": code.value, "error": message, "summary": message,
+                })
+                await ctx.store.append_event(
+                    ctx.run_id, EventType.ERROR,
+                    {"code": code, "message": message, "tool_call_id": tc_id,
+                     "recovery": CODES[code].recovery},
+                    dedupe_key=f"error:{tc_id}",
+                )
+        if rejected:
+            # The step runs whole or not at all: the planner sees every problem at once.
+            return {"calls": [], "observations": rejected,
+                    "memory_version": state.get("memory_version", 0) + 1}
+        usage = Usage.model_validate(state.get("usage") or {})
+        over = before_tools(usage, limits_from(state.get("limits")), len(calls),
+                            ctx.active_s())
+        if over:
+            return {"outcome": failed(Code.RUN_BUDGET_EXCEEDED, over), "calls": []}
+        return {"calls": calls}
+
+    return guard_node

@@ -1,0 +1,76 @@
+"""The planner node: asks the agent's planner for the next structured decision.
+
+A decision is recorded as a Step before anything acts on it; when LangGraph
+replays this node after a restart, the recorded decision is used again rather
+than asking the planner (an LLM may answer differently the second time).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from runtime.budget import before_plan, limits_from
+from runtime.context import Context
+from runtime.errors import Code
+from runtime.events import EventType
+from runtime.model import Decision, RunContext, Step, Usage, utcnow
+from runtime.planner import Observation, Planner, PlannerView
+from runtime.state import RunState, failed
+from runtime.tooling import ToolResolver
+
+NodeFn = Any
+
+
+def make_planner_node(planner: Planner, tools: ToolResolver) -> NodeFn:
+    async def planner_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
+        ctx = runtime.context
+        usage = Usage.model_validate(state.get("usage") or {})
+        limits = limits_from(state.get("limits"))
+        step_index = usage.steps
+        recorded = await ctx.store.get_step(ctx.run_id, step_index)
+        if recorded is not None:
+            decision = recorded.decision
+        else:
+            over = before_plan(usage, limits, ctx.active_s())
+            if over:
+                return {"outcome": failed(Code.RUN_BUDGET_EXCEEDED, over)}
+            view = PlannerView(
+                run_id=ctx.run_id,
+                input=state["input"],
+                context=RunContext.model_validate(state.get("context") or {}),
+                step_index=step_index,
+                observations=[Observation.model_validate(o) for o in state.get("observations", [])],
+                tools=[spec.describe() for spec in tools.specs()],
+                usage=usage,
+            )
+            started = utcnow()
+            try:
+                decision = await planner.next_step(view)
+            except Exception as exc:  # a planner bug or a model outage ends the run, visibly
+                await ctx.store.append_event(
+                    ctx.run_id, EventType.ERROR,
+                    {"code": Code.PLANNER_ERROR, "message": repr(exc), "recovery": "none"},
+                )
+                return {"outcome": failed(Code.PLANNER_ERROR, repr(exc))}
+            if decision.kind == "tool_calls" and not decision.tool_calls:
+                decision = Decision(kind="finish", summary="no tool calls proposed")
+            step = Step(run_id=ctx.run_id, step_index=step_index, decision=decision,
+                        started_at=started, ended_at=utcnow())
+            decision = (await ctx.store.record_step(step)).decision
+        usage = usage.model_copy(update={
+            "steps": step_index + 1,
+            "llm_calls": usage.llm_calls + decision.usage.llm_calls,
+            "tokens": usage.tokens + decision.usage.tokens,
+            "cost_usd": usage.cost_usd + decision.usage.cost_usd,
+            "active_s": ctx.active_s(),
+        })
+        return {
+            "step_index": step_index,
+            "decision": decision.model_dump(mode="json"),
+            "usage": usage.model_dump(),
+            "calls": [],
+        }
+
+    return planner_node

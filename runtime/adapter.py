@@ -1,0 +1,140 @@
+"""The adapter: graph progress → the six public states and their events.
+
+It watches which node LangGraph starts (``tasks`` stream parts) and how the
+graph stops (an interrupt, or an ``outcome`` in the state), and fires the
+matching lifecycle triggers. Nodes it does not know change nothing, so a graph
+can grow nodes without an API consumer noticing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from runtime.errors import CODES, Code
+from runtime.events import EventType
+from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger, forward_trigger
+from runtime.model import Outcome, PendingApproval, Run
+from runtime.store.base import RunStore
+
+log = logging.getLogger(__name__)
+
+NODE_STATES: dict[str, State] = {
+    "planner": State.PLANNING,
+    "guard": State.EXECUTING,
+    "approval": State.EXECUTING,
+    "executor": State.EXECUTING,
+    "finish": State.EXECUTING,
+}
+
+
+def failure_trigger(code: Code, current: State) -> Trigger:
+    """The trigger a failure with ``code`` fires from ``current``."""
+    declared = CODES[code].trigger
+    if declared is not None and (current, declared) in TRANSITIONS:
+        return declared
+    return Trigger.PLAN_ERROR if current is State.PLANNING else Trigger.EXEC_ERROR
+
+
+async def side_effects(store: RunStore, run_id: str) -> tuple[list[str], list[str]]:
+    """(side-effecting tool calls that happened or may have, those compensated)."""
+    rows = await store.list_tool_calls(run_id)
+    happened = [
+        r.tool_call_id for r in rows
+        if r.side_effect and r.status in ("succeeded", "unknown", "cancelled")
+    ]
+    return happened, [r.tool_call_id for r in rows if r.compensated]
+
+
+async def fail_run(
+    store: RunStore, run_id: str, code: Code, message: str, *, compensations: list[str] | None = None
+) -> Run | None:
+    """End a run as failed with ``code``: error event, outcome with side effects, state event."""
+    run = await store.get_run(run_id)
+    if run is None or run.state in TERMINAL:
+        return run
+    happened, compensated = await side_effects(store, run_id)
+    outcome = Outcome(status="failed", code=code, message=message, side_effects=happened,
+                      compensations=compensations if compensations is not None else compensated)
+    error = {"code": code.value, "message": message, "recovery": CODES[code].recovery.value}
+    return await store.transition(
+        run_id, failure_trigger(code, run.state), expect=run.state,
+        events=[(EventType.ERROR, error)], outcome=outcome, pending_approval=None,
+    )
+
+
+class Adapter:
+    def __init__(self, store: RunStore, run: Run, node_states: dict[str, State] = NODE_STATES):
+        self.store = store
+        self.run_id = run.run_id
+        self.state = run.state
+        self.node_states = node_states
+        self.values: dict[str, Any] = {}
+
+    def _progress(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        if "step_index" in self.values:
+            fields["step_index"] = self.values["step_index"]
+        if "usage" in self.values:
+            fields["usage"] = self.values["usage"]
+        return fields
+
+    async def on_values(self, values: dict[str, Any]) -> None:
+        self.values = values
+
+    async def on_task_start(self, node: str) -> None:
+        target = self.node_states.get(node)
+        if target is None or target is self.state:
+            return
+        trigger = forward_trigger(self.state, target)
+        # Only a human's decision (an approval's compare-and-set) fires `approved`.
+        if trigger is None or trigger is Trigger.APPROVED:
+            return
+        run = await self.store.transition(self.run_id, trigger, expect=self.state,
+                                          **self._progress())
+        self.state = run.state
+
+    async def on_stop(self, values: dict[str, Any], interrupts: list[Any]) -> Run | None:
+        """Map how the graph stopped onto the lifecycle."""
+        self.values = values or self.values
+        if interrupts:
+            request = interrupts[0]
+            pending = PendingApproval(
+                approval_id=request["approval_id"], tool_call_id=request["tool_call_id"],
+                tool=request["tool"], reason=request.get("reason", ""),
+            )
+            if self.state is State.WAITING_HUMAN:
+                await self.store.update_run(self.run_id, pending_approval=pending)
+                return await self.store.get_run(self.run_id)
+            if self.state is State.PLANNING:
+                # A graph that interrupts straight from planning still reads as executing first.
+                await self.on_task_start("executor")
+            run = await self.store.transition(
+                self.run_id, Trigger.NEED_APPROVAL, expect=self.state,
+                pending_approval=pending, **self._progress(),
+            )
+            self.state = run.state
+            return run
+        outcome = self.values.get("outcome")
+        if outcome and outcome.get("status") == "succeeded":
+            if self.state is State.PLANNING:
+                await self.on_task_start("finish")
+            happened, compensated = await side_effects(self.store, self.run_id)
+            run = await self.store.transition(
+                self.run_id, Trigger.DONE, expect=self.state,
+                result=self.values.get("result"), pending_approval=None,
+                outcome=Outcome(status="succeeded", side_effects=happened,
+                                compensations=compensated),
+                **self._progress(),
+            )
+            self.state = run.state
+            return run
+        if outcome:
+            code, message = Code(outcome["code"]), outcome.get("message", "")
+        else:
+            code, message = Code.INTERNAL_ERROR, "the graph ended without an outcome"
+        await self.store.update_run(self.run_id, **self._progress())
+        run = await fail_run(self.store, self.run_id, code, message)
+        if run is not None:
+            self.state = run.state
+        return run

@@ -1,0 +1,58 @@
+"""Open the run store and LangGraph's checkpointer on one database URL."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiosqlite
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+from runtime.store.base import RunStore
+from runtime.store.postgres import PostgresRunStore, open_pool
+from runtime.store.sqlite import SqliteRunStore
+
+
+@dataclass
+class Backend:
+    store: RunStore
+    checkpointer: BaseCheckpointSaver[str]
+    close: Callable[[], Awaitable[None]]
+
+
+def sqlite_path(url: str) -> Path:
+    if not url.startswith("sqlite:///"):
+        raise ValueError(f"not a sqlite URL: {url}")
+    return Path(url.removeprefix("sqlite:///"))
+
+
+async def open_backend(url: str) -> Backend:
+    """``sqlite:///path/file.db`` or ``postgresql://…``; both stores live in that database."""
+    if url.startswith("sqlite:///"):
+        path = sqlite_path(url)
+        store = await SqliteRunStore.open(path)
+        conn = await aiosqlite.connect(path)
+        await conn.execute("PRAGMA busy_timeout=10000")
+        saver = AsyncSqliteSaver(conn)
+        await saver.setup()
+
+        async def close_sqlite() -> None:
+            await conn.close()
+            await store.close()
+
+        return Backend(store, saver, close_sqlite)
+    if url.startswith(("postgresql://", "postgres://")):
+        pool = await open_pool(url)
+        pg_store = await PostgresRunStore.open(pool)
+        pg_saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+        async with pool.connection() as conn_:
+            await conn_.execute("SELECT pg_advisory_lock(724302)")
+            try:
+                await pg_saver.setup()
+            finally:
+                await conn_.execute("SELECT pg_advisory_unlock(724302)")
+        return Backend(pg_store, pg_saver, pg_store.close)
+    raise ValueError(f"unsupported database URL {url!r}: use sqlite:///… or postgresql://…")

@@ -1,0 +1,111 @@
+"""The one table of machine error codes: run outcomes, tool errors and API problems.
+
+Each code says what kind of recovery it calls for, which lifecycle trigger a
+run failing with it fires, and which HTTP status it maps to when an API call
+is refused with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from runtime.lifecycle import Trigger
+
+
+class Recovery(StrEnum):
+    RETRY = "retry"
+    REPLAN = "replan"
+    RESUME = "resume"
+    COMPENSATE = "compensate"
+    HUMAN = "human"
+    NONE = "none"
+
+
+class Code(StrEnum):
+    # Tool and run errors (DESIGN §8).
+    TOOL_ARGUMENT_INVALID = "TOOL_ARGUMENT_INVALID"
+    TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
+    POLICY_DENIED = "POLICY_DENIED"
+    TOOL_UNAVAILABLE = "TOOL_UNAVAILABLE"
+    TOOL_BUSINESS_ERROR = "TOOL_BUSINESS_ERROR"
+    TOOL_OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
+    TOOL_FAILED = "TOOL_FAILED"
+    PLANNER_ERROR = "PLANNER_ERROR"
+    RUN_BUDGET_EXCEEDED = "RUN_BUDGET_EXCEEDED"
+    RUN_CANCELLED = "RUN_CANCELLED"
+    APPROVAL_REJECTED = "APPROVAL_REJECTED"
+    CHECKPOINT_ERROR = "CHECKPOINT_ERROR"
+    # API problems.
+    VALIDATION_ERROR = "VALIDATION_ERROR"
+    RUN_NOT_FOUND = "RUN_NOT_FOUND"
+    APPROVAL_NOT_FOUND = "APPROVAL_NOT_FOUND"
+    ARTIFACT_NOT_FOUND = "ARTIFACT_NOT_FOUND"
+    AGENT_NOT_FOUND = "AGENT_NOT_FOUND"
+    IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
+    APPROVAL_CONFLICT = "APPROVAL_CONFLICT"
+    RUN_STATE_CONFLICT = "RUN_STATE_CONFLICT"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    NOT_FOUND = "NOT_FOUND"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
+    UNAVAILABLE = "UNAVAILABLE"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+
+
+@dataclass(frozen=True)
+class CodeInfo:
+    title: str
+    recovery: Recovery
+    http_status: int
+    trigger: Trigger | None = None
+    """The trigger a run failing with this code fires; None: plan_error/exec_error by phase."""
+
+
+C, R = Code, Recovery
+CODES: dict[Code, CodeInfo] = {
+    C.TOOL_ARGUMENT_INVALID: CodeInfo("Tool arguments fail the schema", R.REPLAN, 422),
+    C.TOOL_NOT_FOUND: CodeInfo("Unknown tool or version", R.REPLAN, 422),
+    C.POLICY_DENIED: CodeInfo("Policy denies the action", R.HUMAN, 403),
+    C.TOOL_UNAVAILABLE: CodeInfo("Tool unavailable after bounded retries", R.RETRY, 503),
+    C.TOOL_BUSINESS_ERROR: CodeInfo("Business state forbids the action", R.REPLAN, 409),
+    C.TOOL_OUTCOME_UNKNOWN: CodeInfo("A side effect may or may not have happened", R.HUMAN, 409),
+    C.TOOL_FAILED: CodeInfo("Tool failed unexpectedly", R.NONE, 500),
+    C.PLANNER_ERROR: CodeInfo("The planner failed", R.NONE, 500, Trigger.PLAN_ERROR),
+    C.RUN_BUDGET_EXCEEDED: CodeInfo(
+        "Run budget exhausted", R.HUMAN, 429, Trigger.BUDGET_EXCEEDED
+    ),
+    C.RUN_CANCELLED: CodeInfo("Run cancelled", R.COMPENSATE, 409, Trigger.CANCEL),
+    C.APPROVAL_REJECTED: CodeInfo("A human rejected the action", R.NONE, 409, Trigger.REJECTED),
+    C.CHECKPOINT_ERROR: CodeInfo("State cannot be persisted", R.RESUME, 503),
+    C.VALIDATION_ERROR: CodeInfo("Request is invalid", R.NONE, 422),
+    C.RUN_NOT_FOUND: CodeInfo("No such run", R.NONE, 404),
+    C.APPROVAL_NOT_FOUND: CodeInfo("No such approval", R.NONE, 404),
+    C.ARTIFACT_NOT_FOUND: CodeInfo("No such artifact", R.NONE, 404),
+    C.AGENT_NOT_FOUND: CodeInfo("No such agent", R.NONE, 422),
+    C.IDEMPOTENCY_CONFLICT: CodeInfo(
+        "Idempotency key reused with a different request", R.NONE, 409
+    ),
+    C.APPROVAL_CONFLICT: CodeInfo("Approval already decided differently", R.NONE, 409),
+    C.RUN_STATE_CONFLICT: CodeInfo("Run is not in a state that allows this", R.NONE, 409),
+    C.PAYLOAD_TOO_LARGE: CodeInfo("Request body too large", R.NONE, 413),
+    C.NOT_FOUND: CodeInfo("Not found", R.NONE, 404),
+    C.METHOD_NOT_ALLOWED: CodeInfo("Method not allowed", R.NONE, 405),
+    C.NOT_ACCEPTABLE: CodeInfo("Not acceptable", R.NONE, 406),
+    C.UNAVAILABLE: CodeInfo("Service unavailable", R.RETRY, 503),
+    C.INTERNAL_ERROR: CodeInfo("Internal error", R.NONE, 500),
+}
+
+
+class RuntimeProblem(Exception):
+    """An error carrying a machine code from :data:`CODES`."""
+
+    def __init__(self, code: Code, message: str, **extra: object) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+    @property
+    def info(self) -> CodeInfo:
+        return CODES[self.code]

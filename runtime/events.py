@@ -1,0 +1,33 @@
+"""The fixed event vocabulary (DESIGN §4). Events are platform facts, never model tokens."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from runtime.lifecycle import TERMINAL, State
+
+
+class EventType(StrEnum):
+    STATE = "state"
+    ACTION = "action"
+    RESULT = "result"
+    APPROVAL_REQUEST = "approval_request"
+    APPROVAL_RESULT = "approval_result"
+    ARTIFACT = "artifact"
+    ERROR = "error"
+
+
+SUMMARY_CHARS = 300
+
+
+def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:
+    """A short, bounded rendering of a value for events and planner observations."""
+    import json
+
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def is_terminal_event(event_type: str, data: dict[str, Any]) -> bool:
+    return event_type == EventType.STATE and State(data["to"]) in TERMINAL

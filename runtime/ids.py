@@ -1,0 +1,46 @@
+"""Deterministic identifiers.
+
+A node that LangGraph re-executes on resume must find its own earlier rows, so
+tool-call, approval and idempotency ids are derived from the run id and the
+position of the call, never drawn at random.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import Any
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex}"
+
+
+def _digest(*parts: object, n: int = 16) -> str:
+    return hashlib.sha256(":".join(str(p) for p in parts).encode()).hexdigest()[:n]
+
+
+def tool_call_id(run_id: str, step_index: int, call_index: int) -> str:
+    return f"tc-{_digest(run_id, step_index, call_index)}"
+
+
+def approval_id(tool_call_id: str) -> str:
+    return f"ap-{_digest('approval', tool_call_id)}"
+
+
+def idempotency_key(tool_call_id: str) -> str:
+    """The stable business key handed to side-effecting handlers."""
+    return f"idem-{_digest('idem', tool_call_id, n=32)}"
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def content_hash(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def artifact_id(content: bytes) -> str:
+    return f"sha256:{hashlib.sha256(content).hexdigest()}"

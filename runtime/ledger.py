@@ -1,0 +1,160 @@
+"""Execute a tool call at most once, with the ledger as the truth (DESIGN §7).
+
+A finished row is returned as it is. A row left ``running`` by a process that
+died mid-call is re-run only when that is safe: the tool is idempotent (same
+idempotency key), or its ``reconcile`` says the effect did not happen. Anything
+else is marked ``unknown``: never guessed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from typing import Any
+
+from pydantic import BaseModel
+
+from runtime.errors import Code
+from runtime.events import summarize
+from runtime.ids import idempotency_key
+from runtime.model import ToolCall, utcnow
+from runtime.store.base import RunStore
+from runtime.tooling import ArtifactSink, ToolBusinessError, ToolContext, ToolSpec, ToolUnavailable
+
+log = logging.getLogger(__name__)
+
+INLINE_OUTPUT_BYTES = 4096
+"""Outputs larger than this become an artifact; the ledger and checkpoint keep the ref."""
+BACKOFF_BASE_S = 0.05
+BACKOFF_MAX_S = 2.0
+FINISHED = ("succeeded", "failed", "unknown", "cancelled")
+
+
+class StoreArtifacts:
+    """The artifact sink tools write to: content-addressed, recorded in the run's log."""
+
+    def __init__(self, store: RunStore, run_id: str | None) -> None:
+        self.store = store
+        self.run_id = run_id
+
+    async def put(self, content: bytes, media_type: str, name: str) -> Any:
+        from runtime.ids import artifact_id
+        from runtime.model import Artifact
+
+        artifact = Artifact(
+            artifact_id=artifact_id(content), media_type=media_type, size=len(content),
+            name=name, run_id=self.run_id, created_at=utcnow(),
+        )
+        return await self.store.put_artifact(artifact, content)
+
+
+def new_ledger_row(
+    run_id: str, step_index: int, call_index: int, tool_call_id: str, spec: ToolSpec,
+    args: dict[str, Any], args_hash: str,
+) -> ToolCall:
+    now = utcnow()
+    return ToolCall(
+        tool_call_id=tool_call_id, run_id=run_id, step_index=step_index, call_index=call_index,
+        tool=spec.name, version=spec.version, args=args, args_hash=args_hash, status="running",
+        idempotency_key=idempotency_key(tool_call_id), attempts=0,
+        side_effect=spec.side_effect, created_at=now, updated_at=now,
+    )
+
+
+def result_event(row: ToolCall) -> dict[str, Any]:
+    return {
+        "tool_call_id": row.tool_call_id,
+        "tool": row.tool,
+        "status": row.status,
+        "output": summarize(row.output) if row.output is not None else None,
+        "artifact_id": row.artifact_id,
+        "error": row.error,
+    }
+
+
+async def _run_handler(
+    spec: ToolSpec, args: BaseModel, tctx: ToolContext
+) -> tuple[str, Any, dict[str, Any] | None, int]:
+    """(status, output, error, attempts) after bounded retries of transient faults."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            output = await asyncio.wait_for(spec.handler(args, tctx), spec.timeout_s)
+            return "succeeded", output, None, attempt
+        except ToolBusinessError as exc:
+            return "failed", None, {"code": Code.TOOL_BUSINESS_ERROR, "message": str(exc)}, attempt
+        except (ToolUnavailable, TimeoutError) as exc:
+            message = str(exc) or f"{spec.ref} timed out after {spec.timeout_s}s"
+            if attempt >= spec.max_attempts:
+                return "failed", None, {"code": Code.TOOL_UNAVAILABLE, "message": message}, attempt
+            delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
+            await asyncio.sleep(delay * (0.5 + random.random()))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("tool %s failed", spec.ref)
+            return "failed", None, {"code": Code.TOOL_FAILED, "message": repr(exc)}, attempt
+
+
+async def _finish(
+    store: RunStore, row: ToolCall, status: str, output: Any, error: dict[str, Any] | None,
+    attempts: int, artifacts: ArtifactSink,
+) -> ToolCall:
+    artifact_ref = None
+    if output is not None:
+        encoded = json.dumps(output, default=str, ensure_ascii=False).encode()
+        if len(encoded) > INLINE_OUTPUT_BYTES:
+            art = await artifacts.put(encoded, "application/json", f"{row.tool}-output.json")
+            artifact_ref = art.artifact_id
+            output = {"artifact_id": art.artifact_id, "size": len(encoded),
+                      "preview": summarize(output)}
+        elif isinstance(output, dict) and "artifact_id" in output:
+            artifact_ref = output["artifact_id"]
+    preview = row.model_copy(update={"status": status, "output": output, "error": error,
+                                     "artifact_id": artifact_ref})
+    return await store.update_tool_call(
+        row.tool_call_id,
+        result=result_event(preview),
+        status=status, output=output, error=error, artifact_id=artifact_ref,
+        attempts=row.attempts + attempts,
+    )
+
+
+async def execute_once(
+    store: RunStore, spec: ToolSpec, row: ToolCall, args: BaseModel, tctx: ToolContext,
+    action: dict[str, Any],
+) -> ToolCall:
+    """Run the call described by ``row`` unless the ledger says it already ran."""
+    current = await store.begin_tool_call(row, action)
+    if current.status in FINISHED:
+        return current
+    if current.attempts > 0:
+        # An earlier drive started the handler and died before recording its outcome.
+        if spec.reconcile is not None:
+            found = await spec.reconcile(args, tctx)
+            if found is not None:
+                return await _finish(store, current, "succeeded", found, None, 0, tctx.artifacts)
+        elif not spec.idempotent:
+            return await store.update_tool_call(
+                current.tool_call_id,
+                result=result_event(current.model_copy(update={"status": "unknown"})),
+                status="unknown",
+                error={"code": Code.TOOL_OUTCOME_UNKNOWN,
+                       "message": "process stopped during a non-idempotent call"},
+            )
+    # Count the attempt before running, so a crash mid-call is visible on restart.
+    current = await store.update_tool_call(current.tool_call_id, attempts=current.attempts + 1)
+    try:
+        status, output, error, attempts = await _run_handler(spec, args, tctx)
+    except asyncio.CancelledError:
+        await asyncio.shield(store.update_tool_call(
+            current.tool_call_id,
+            result=result_event(current.model_copy(update={"status": "cancelled"})),
+            status="cancelled",
+            error={"code": Code.RUN_CANCELLED, "message": "cancelled while running"},
+        ))
+        raise
+    return await _finish(store, current, status, output, error, attempts - 1, tctx.artifacts)

@@ -1,0 +1,207 @@
+"""The public objects of DESIGN §2 as pydantic models."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.errors import Code
+from runtime.lifecycle import State
+
+MAX_INPUT_CHARS = 20_000
+T = TypeVar("T")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunContext(BaseModel):
+    """Who the run is for; passed unchanged into policy and tools."""
+
+    model_config = ConfigDict(extra="allow")
+    user_id: str = Field(default="anonymous", min_length=1, max_length=200)
+    tenant_id: str = Field(default="default", min_length=1, max_length=200)
+    scope: list[str] = Field(default_factory=list, max_length=200)
+
+
+class BudgetLimits(Strict):
+    max_llm_calls: int | None = Field(default=None, ge=0, le=100_000)
+    max_tool_calls: int | None = Field(default=None, ge=0, le=100_000)
+    max_tokens: int | None = Field(default=None, ge=0, le=1_000_000_000)
+    max_cost_usd: float | None = Field(default=None, ge=0, le=1_000_000)
+    timeout_s: float | None = Field(default=None, gt=0, le=30 * 86400)
+
+
+class RunOptions(Strict):
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    max_steps: int | None = Field(default=None, ge=1, le=10_000)
+    budget: BudgetLimits = Field(default_factory=BudgetLimits)
+
+
+class RunCreate(Strict):
+    agent_id: str | None = Field(default=None, min_length=1, max_length=100)
+    input: str = Field(min_length=1, max_length=MAX_INPUT_CHARS)
+    context: RunContext = Field(default_factory=RunContext)
+    options: RunOptions = Field(default_factory=RunOptions)
+
+
+class Limits(BaseModel):
+    """The effective limits of a run: request options capped by server maxima."""
+
+    max_steps: int
+    max_llm_calls: int
+    max_tool_calls: int
+    max_tokens: int
+    max_cost_usd: float
+    timeout_s: float
+
+
+class Usage(BaseModel):
+    steps: int = 0
+    llm_calls: int = 0
+    tool_calls: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    active_s: float = 0.0
+
+
+class PendingApproval(BaseModel):
+    approval_id: str
+    tool_call_id: str
+    tool: str
+    reason: str
+
+
+class Outcome(BaseModel):
+    """Why a run ended, and what it left behind."""
+
+    status: Literal["succeeded", "failed"]
+    code: Code | None = None
+    message: str = ""
+    side_effects: list[str] = Field(default_factory=list)
+    """tool_call_ids of side-effecting calls that did happen."""
+    compensations: list[str] = Field(default_factory=list)
+    """tool_call_ids whose compensation ran."""
+
+
+class Run(BaseModel):
+    run_id: str
+    agent_id: str
+    input: str
+    context: RunContext
+    options: RunOptions
+    state: State
+    step_index: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    limits: Limits
+    pending_approval: PendingApproval | None = None
+    result: dict[str, Any] | None = None
+    outcome: Outcome | None = None
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None = None
+
+
+class ProposedCall(BaseModel):
+    """One tool call the planner proposes; the runtime decides whether it runs."""
+
+    tool: str
+    version: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class DecisionUsage(BaseModel):
+    llm_calls: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class Decision(BaseModel):
+    """A planner's structured decision: tool calls, or finish. Never raw reasoning."""
+
+    kind: Literal["tool_calls", "finish"]
+    summary: str = Field(default="", max_length=2000)
+    tool_calls: list[ProposedCall] = Field(default_factory=list)
+    answer: str | None = None
+    data: dict[str, Any] | None = None
+    usage: DecisionUsage = Field(default_factory=DecisionUsage)
+
+
+class Step(BaseModel):
+    run_id: str
+    step_index: int
+    decision: Decision
+    started_at: datetime
+    ended_at: datetime | None = None
+
+
+ToolCallStatus = Literal["running", "succeeded", "failed", "unknown", "cancelled"]
+
+
+class ToolCall(BaseModel):
+    tool_call_id: str
+    run_id: str
+    step_index: int
+    call_index: int
+    tool: str
+    version: str
+    args: dict[str, Any]
+    args_hash: str
+    status: ToolCallStatus
+    output: Any = None
+    artifact_id: str | None = None
+    error: dict[str, Any] | None = None
+    idempotency_key: str
+    attempts: int = 0
+    side_effect: bool = False
+    compensated: bool = False
+    created_at: datetime
+    updated_at: datetime
+
+
+ApprovalStatus = Literal["pending", "approved", "rejected", "expired"]
+
+
+class Approval(BaseModel):
+    approval_id: str
+    run_id: str
+    tool_call_id: str
+    tool: str
+    args: dict[str, Any]
+    args_hash: str
+    risk: str
+    reason: str
+    status: ApprovalStatus
+    decided_by: str | None = None
+    comment: str | None = None
+    created_at: datetime
+    decided_at: datetime | None = None
+
+
+class Artifact(BaseModel):
+    artifact_id: str
+    media_type: str
+    size: int
+    name: str
+    run_id: str | None = None
+    created_at: datetime
+
+
+class Event(BaseModel):
+    run_id: str
+    seq: int
+    type: str
+    ts: datetime
+    data: dict[str, Any]
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next_cursor: str | None = None

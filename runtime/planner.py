@@ -1,0 +1,41 @@
+"""The planner interface: structured view in, structured decision out.
+
+Deterministic planners and LLM planners implement the same protocol. The
+planner only proposes; the runtime validates, authorises and executes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pydantic import BaseModel, Field
+
+from runtime.model import Decision, RunContext, Usage
+
+
+class Observation(BaseModel):
+    """What the planner learns from one tool call: a summary and a ref, not the bulk."""
+
+    step_index: int
+    tool_call_id: str
+    tool: str
+    status: str
+    """succeeded, or the error code (TOOL_ARGUMENT_INVALID, TOOL_BUSINESS_ERROR, …)."""
+    summary: str = ""
+    output: Any = None
+    artifact_id: str | None = None
+    error: str | None = None
+
+
+class PlannerView(BaseModel):
+    run_id: str
+    input: str
+    context: RunContext
+    step_index: int
+    observations: list[Observation] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+
+
+class Planner(Protocol):
+    async def next_step(self, view: PlannerView) -> Decision: ...

@@ -1,0 +1,47 @@
+"""The graph state every agent graph carries: the run's decision context.
+
+It is what LangGraph checkpoints (thread_id = run_id), so it holds only
+JSON-shaped values, summaries and refs; bulk outputs live in artifacts.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, Any, TypedDict
+
+
+class InputState(TypedDict, total=False):
+    input: str
+    """The user's question or task, as given to POST /runs."""
+    context: dict[str, Any]
+    """user_id, tenant_id, scope…: passed unchanged into policy and tools."""
+    limits: dict[str, Any]
+    """The run's effective budget (runtime.model.Limits); defaults apply when absent."""
+
+
+class RunState(InputState, total=False):
+    step_index: int
+    """Index of the step whose decision is being carried out."""
+    usage: dict[str, Any]
+    """Budget used so far (runtime.model.Usage); checked before every call."""
+    decision: dict[str, Any] | None
+    """The current step's structured decision (runtime.model.Decision)."""
+    calls: list[dict[str, Any]]
+    """The current step's tool calls after the guard: ids, args, args hash, verdict."""
+    observations: Annotated[list[dict[str, Any]], operator.add]
+    """What the planner has seen (runtime.planner.Observation): summaries and refs."""
+    tool_calls: Annotated[list[str], operator.add]
+    """tool_call_ids executed so far, in order; the ledger has their rows."""
+    memory_version: int
+    """Working-memory version; every write to observations bumps it."""
+    handoff_stack: list[dict[str, Any]]
+    """Agents that handed control down and wait to get it back."""
+    outcome: dict[str, Any] | None
+    """Set once the graph decides the run ends (runtime.model.Outcome, without side effects)."""
+    result: dict[str, Any] | None
+    """The answer of a succeeded run."""
+
+
+def failed(code: str, message: str) -> dict[str, Any]:
+    """The ``outcome`` a node returns when the run cannot go on."""
+    return {"status": "failed", "code": code, "message": message}

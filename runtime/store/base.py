@@ -1,0 +1,608 @@
+"""The run store: runs, steps, the tool-call ledger, approvals, artifacts and the event log.
+
+One SQL implementation serves both dialects; :mod:`runtime.store.sqlite` and
+:mod:`runtime.store.postgres` only supply connections and transactions. Every
+change that an event describes is written in the same transaction as the event.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime
+from enum import Enum
+from typing import Any, Literal, Protocol
+
+from runtime.errors import Code, RuntimeProblem
+from runtime.events import EventType
+from runtime.lifecycle import State, Trigger, transition
+from runtime.model import (
+    Approval,
+    Artifact,
+    Event,
+    Run,
+    Step,
+    ToolCall,
+    utcnow,
+)
+from runtime.store.schema import MIGRATIONS
+
+Row = dict[str, Any]
+EventListener = Callable[[str, int], None]
+
+_JSON_COLUMNS = {
+    "context", "options", "usage", "limits", "pending_approval", "result", "outcome",
+    "decision", "args", "output", "error", "data",
+}
+_RUN_COLUMNS = (
+    "run_id", "agent_id", "tenant_id", "user_id", "input", "context", "options", "state",
+    "step_index", "usage", "limits", "pending_approval", "result", "outcome",
+    "idempotency_key", "request_hash", "created_at", "updated_at", "ended_at",
+)
+
+
+class Tx(Protocol):
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None: ...
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]: ...
+
+
+def _enc(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if hasattr(value, "model_dump"):
+        return json.dumps(value.model_dump(mode="json"), ensure_ascii=False)
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    if isinstance(value, datetime):
+        return _iso(value)
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _dec(row: Row) -> Row:
+    return {
+        k: (json.loads(v) if k in _JSON_COLUMNS and isinstance(v, str) else v)
+        for k, v in row.items()
+    }
+
+
+def _iso(value: datetime) -> str:
+    # The same shape pydantic writes, so stored timestamps sort as text.
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def _ts() -> str:
+    return _iso(utcnow())
+
+
+def encode_cursor(*parts: str) -> str:
+    return base64.urlsafe_b64encode("\x1f".join(parts).encode()).decode()
+
+
+def decode_cursor(cursor: str) -> list[str]:
+    try:
+        return base64.urlsafe_b64decode(cursor.encode()).decode().split("\x1f")
+    except (ValueError, UnicodeDecodeError):
+        raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid") from None
+
+
+class RunStore(ABC):
+    """SQL shared by every dialect. Subclasses provide :meth:`tx` and :meth:`close`."""
+
+    dialect: str
+    blob_type: str
+    for_update: str = ""
+
+    def __init__(self) -> None:
+        self._listeners: list[EventListener] = []
+
+    # -- plumbing -------------------------------------------------------------
+
+    @abstractmethod
+    def tx(self) -> AbstractAsyncContextManager[Tx]:
+        """A transaction that commits on success and rolls back on error."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def ping(self) -> None: ...
+
+    def add_listener(self, listener: EventListener) -> None:
+        """Called with (run_id, seq) after a transaction that appended an event commits."""
+        self._listeners.append(listener)
+
+    async def migrate(self) -> None:
+        async with self.tx() as tx:
+            await tx.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+            )
+            row = await tx.fetchone("SELECT MAX(version) AS v FROM schema_version")
+            current = (row or {}).get("v") or 0
+            for version, statements in enumerate(MIGRATIONS, start=1):
+                if version <= current:
+                    continue
+                for sql in statements:
+                    await tx.execute(sql.format(blob=self.blob_type))
+                await tx.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+
+    def _notify(self, appended: list[tuple[str, int]]) -> None:
+        for run_id, seq in appended:
+            for listener in self._listeners:
+                listener(run_id, seq)
+
+    async def _append(
+        self,
+        tx: Tx,
+        run_id: str,
+        type_: EventType,
+        data: dict[str, Any],
+        out: list[tuple[str, int]],
+        dedupe_key: str | None = None,
+    ) -> int | None:
+        """Append one event; with ``dedupe_key``, only if no event of the run has that key."""
+        if dedupe_key is not None:
+            seen = await tx.fetchone(
+                "SELECT seq FROM events WHERE run_id = ? AND dedupe_key = ?", (run_id, dedupe_key)
+            )
+            if seen is not None:
+                return None
+        row = await tx.fetchone(
+            "UPDATE runs SET last_seq = last_seq + 1 WHERE run_id = ? RETURNING last_seq",
+            (run_id,),
+        )
+        if row is None:
+            raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
+        seq = int(row["last_seq"])
+        await tx.execute(
+            "INSERT INTO events (run_id, seq, type, ts, data, dedupe_key) VALUES (?, ?, ?, ?, ?, ?)",
+            (run_id, seq, type_.value, _ts(), _enc(data), dedupe_key),
+        )
+        out.append((run_id, seq))
+        return seq
+
+    # -- runs -----------------------------------------------------------------
+
+    async def create_run(self, run: Run, request_hash: str) -> tuple[Run, bool]:
+        """Insert a run (and its first event), or return the one with the same idempotency key.
+
+        Returns (run, created). A reused key with a different request hash raises
+        IDEMPOTENCY_CONFLICT.
+        """
+        key = run.options.idempotency_key
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            if key is not None:
+                existing = await tx.fetchone(
+                    "SELECT * FROM runs WHERE tenant_id = ? AND idempotency_key = ?",
+                    (run.context.tenant_id, key),
+                )
+                if existing is not None:
+                    if existing["request_hash"] != request_hash:
+                        raise RuntimeProblem(
+                            Code.IDEMPOTENCY_CONFLICT,
+                            "idempotency key was used with a different request",
+                            run_id=existing["run_id"],
+                        )
+                    return Run.model_validate(_dec(existing)), False
+            values = {
+                **run.model_dump(mode="json"),
+                "tenant_id": run.context.tenant_id,
+                "user_id": run.context.user_id,
+                "idempotency_key": key,
+                "request_hash": request_hash,
+            }
+            cols = ", ".join(_RUN_COLUMNS)
+            marks = ", ".join("?" for _ in _RUN_COLUMNS)
+            await tx.execute(
+                f"INSERT INTO runs ({cols}) VALUES ({marks})",
+                [_enc(values[c]) for c in _RUN_COLUMNS],
+            )
+            await self._append(
+                tx, run.run_id, EventType.STATE,
+                {"from": None, "to": run.state.value, "trigger": "create"}, appended,
+            )
+        self._notify(appended)
+        return run, True
+
+    async def get_run(self, run_id: str) -> Run | None:
+        async with self.tx() as tx:
+            row = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        return Run.model_validate(_dec(row)) if row else None
+
+    async def list_runs(
+        self,
+        *,
+        state: str | None = None,
+        agent_id: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[list[Run], str | None]:
+        where, params = ["1 = 1"], []
+        if state:
+            where.append("state = ?")
+            params.append(state)
+        if agent_id:
+            where.append("agent_id = ?")
+            params.append(agent_id)
+        if cursor:
+            created, run_id = (decode_cursor(cursor) + ["", ""])[:2]
+            where.append("(created_at < ? OR (created_at = ? AND run_id < ?))")
+            params += [created, created, run_id]
+        async with self.tx() as tx:
+            rows = await tx.fetchall(
+                f"SELECT * FROM runs WHERE {' AND '.join(where)} "
+                "ORDER BY created_at DESC, run_id DESC LIMIT ?",
+                [*params, limit + 1],
+            )
+        runs = [Run.model_validate(_dec(r)) for r in rows[:limit]]
+        more = len(rows) > limit
+        last = rows[limit - 1] if more else None
+        return runs, (encode_cursor(last["created_at"], last["run_id"]) if last else None)
+
+    async def runs_in_states(self, states: Sequence[State]) -> list[str]:
+        marks = ", ".join("?" for _ in states)
+        async with self.tx() as tx:
+            rows = await tx.fetchall(
+                f"SELECT run_id FROM runs WHERE state IN ({marks}) ORDER BY created_at",
+                [s.value for s in states],
+            )
+        return [r["run_id"] for r in rows]
+
+    async def transition(
+        self,
+        run_id: str,
+        trigger: Trigger,
+        *,
+        expect: State | None = None,
+        events: Sequence[tuple[EventType, dict[str, Any]]] = (),
+        **fields: Any,
+    ) -> Run:
+        """Fire ``trigger`` on the run through the lifecycle table, with its state event.
+
+        ``events`` are appended before the state event, in the same transaction.
+        ``fields`` (step_index, usage, pending_approval, result, outcome) are
+        written with it. ``expect`` guards against a state that moved meanwhile.
+        """
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            await self._transition(tx, run_id, trigger, expect, events, fields, appended)
+            updated = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        self._notify(appended)
+        assert updated is not None
+        return Run.model_validate(_dec(updated))
+
+    async def _transition(
+        self,
+        tx: Tx,
+        run_id: str,
+        trigger: Trigger,
+        expect: State | None,
+        events: Sequence[tuple[EventType, dict[str, Any]]],
+        fields: dict[str, Any],
+        appended: list[tuple[str, int]],
+    ) -> None:
+        row = await tx.fetchone(
+            f"SELECT state FROM runs WHERE run_id = ?{self.for_update}", (run_id,)
+        )
+        if row is None:
+            raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
+        current = State(row["state"])
+        if expect is not None and current is not expect:
+            raise RuntimeProblem(
+                Code.RUN_STATE_CONFLICT, f"run is {current.value}, not {expect.value}"
+            )
+        target = transition(current, trigger)
+        for type_, data in events:
+            await self._append(tx, run_id, type_, data, appended)
+        if target in (State.SUCCEEDED, State.FAILED):
+            fields = {**fields, "ended_at": utcnow()}
+        await self._update_run(tx, run_id, state=target, **fields)
+        await self._append(
+            tx, run_id, EventType.STATE,
+            {"from": current.value, "to": target.value, "trigger": trigger.value}, appended,
+        )
+
+    async def update_run(self, run_id: str, **fields: Any) -> None:
+        """Write progress fields that are not a state change (step_index, usage…)."""
+        async with self.tx() as tx:
+            await self._update_run(tx, run_id, **fields)
+
+    async def _update_run(self, tx: Tx, run_id: str, **fields: Any) -> None:
+        fields["updated_at"] = _ts()
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        await tx.execute(
+            f"UPDATE runs SET {sets} WHERE run_id = ?",
+            [*(_enc(v) for v in fields.values()), run_id],
+        )
+
+    async def request_cancel(self, run_id: str, reason: str) -> None:
+        async with self.tx() as tx:
+            await tx.execute(
+                "UPDATE runs SET cancel_requested = ? WHERE run_id = ?", (reason, run_id)
+            )
+
+    async def cancel_requested(self, run_id: str) -> str | None:
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,)
+            )
+        return row["cancel_requested"] if row else None
+
+    async def append_event(
+        self, run_id: str, type_: EventType, data: dict[str, Any], dedupe_key: str | None = None
+    ) -> int | None:
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            seq = await self._append(tx, run_id, type_, data, appended, dedupe_key)
+        self._notify(appended)
+        return seq
+
+    async def list_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[Event]:
+        async with self.tx() as tx:
+            rows = await tx.fetchall(
+                "SELECT run_id, seq, type, ts, data FROM events WHERE run_id = ? AND seq > ? "
+                "ORDER BY seq LIMIT ?",
+                (run_id, after, limit),
+            )
+        return [Event.model_validate(_dec(r)) for r in rows]
+
+    # -- steps ----------------------------------------------------------------
+
+    async def get_step(self, run_id: str, step_index: int) -> Step | None:
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "SELECT * FROM steps WHERE run_id = ? AND step_index = ?", (run_id, step_index)
+            )
+        return Step.model_validate({**_dec(row), "run_id": run_id}) if row else None
+
+    async def record_step(self, step: Step) -> Step:
+        """Insert the step's decision once; a replayed planner gets the first decision back."""
+        async with self.tx() as tx:
+            await tx.execute(
+                "INSERT INTO steps (run_id, step_index, decision, started_at, ended_at) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (step.run_id, step.step_index, _enc(step.decision), _enc(step.started_at),
+                 _enc(step.ended_at)),
+            )
+        stored = await self.get_step(step.run_id, step.step_index)
+        assert stored is not None
+        return stored
+
+    async def list_steps(self, run_id: str) -> list[Step]:
+        async with self.tx() as tx:
+            rows = await tx.fetchall(
+                "SELECT * FROM steps WHERE run_id = ? ORDER BY step_index", (run_id,)
+            )
+        return [Step.model_validate(_dec(r)) for r in rows]
+
+    # -- the tool-call ledger -------------------------------------------------
+
+    async def get_tool_call(self, tool_call_id: str) -> ToolCall | None:
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "SELECT * FROM tool_calls WHERE tool_call_id = ?", (tool_call_id,)
+            )
+        return ToolCall.model_validate(_dec(row)) if row else None
+
+    async def begin_tool_call(self, call: ToolCall, action: dict[str, Any]) -> ToolCall:
+        """Record that a call is about to run (status running), with its action event.
+
+        If the row exists already, nothing is written and the existing row is returned:
+        the caller must look at its status before executing anything.
+        """
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                f"SELECT * FROM tool_calls WHERE tool_call_id = ?{self.for_update}",
+                (call.tool_call_id,),
+            )
+            if row is None:
+                data = call.model_dump(mode="json")
+                cols = list(data)
+                await tx.execute(
+                    f"INSERT INTO tool_calls ({', '.join(cols)}) "
+                    f"VALUES ({', '.join('?' for _ in cols)})",
+                    [_enc(data[c]) for c in cols],
+                )
+                await self._append(tx, call.run_id, EventType.ACTION, action, appended)
+                row = await tx.fetchone(
+                    "SELECT * FROM tool_calls WHERE tool_call_id = ?", (call.tool_call_id,)
+                )
+        self._notify(appended)
+        assert row is not None
+        return ToolCall.model_validate(_dec(row))
+
+    async def update_tool_call(
+        self,
+        tool_call_id: str,
+        *,
+        result: dict[str, Any] | None = None,
+        from_status: Sequence[str] = ("running",),
+        **fields: Any,
+    ) -> ToolCall:
+        """Move a ledger row on (compare-and-set on its status), with its result event."""
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                f"SELECT * FROM tool_calls WHERE tool_call_id = ?{self.for_update}",
+                (tool_call_id,),
+            )
+            if row is None:
+                raise RuntimeProblem(Code.NOT_FOUND, f"tool call {tool_call_id} not found")
+            if row["status"] in from_status:
+                fields["updated_at"] = _ts()
+                sets = ", ".join(f"{k} = ?" for k in fields)
+                await tx.execute(
+                    f"UPDATE tool_calls SET {sets} WHERE tool_call_id = ?",
+                    [*(_enc(v) for v in fields.values()), tool_call_id],
+                )
+                if result is not None:
+                    await self._append(tx, row["run_id"], EventType.RESULT, result, appended)
+                row = await tx.fetchone(
+                    "SELECT * FROM tool_calls WHERE tool_call_id = ?", (tool_call_id,)
+                )
+        self._notify(appended)
+        assert row is not None
+        return ToolCall.model_validate(_dec(row))
+
+    async def list_tool_calls(self, run_id: str) -> list[ToolCall]:
+        async with self.tx() as tx:
+            rows = await tx.fetchall(
+                "SELECT * FROM tool_calls WHERE run_id = ? ORDER BY step_index, call_index",
+                (run_id,),
+            )
+        return [ToolCall.model_validate(_dec(r)) for r in rows]
+
+    # -- approvals ------------------------------------------------------------
+
+    async def ensure_approval(self, approval: Approval, request: dict[str, Any]) -> Approval:
+        """Create the approval with its approval_request event, unless it exists already."""
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "SELECT * FROM approvals WHERE approval_id = ?", (approval.approval_id,)
+            )
+            if row is None:
+                data = approval.model_dump(mode="json")
+                cols = list(data)
+                await tx.execute(
+                    f"INSERT INTO approvals ({', '.join(cols)}) "
+                    f"VALUES ({', '.join('?' for _ in cols)})",
+                    [_enc(data[c]) for c in cols],
+                )
+                await self._append(
+                    tx, approval.run_id, EventType.APPROVAL_REQUEST, request, appended
+                )
+        self._notify(appended)
+        return approval if row is None else Approval.model_validate(_dec(row))
+
+    async def get_approval(self, approval_id: str) -> Approval | None:
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,)
+            )
+        return Approval.model_validate(_dec(row)) if row else None
+
+    async def list_approvals(
+        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[Approval]:
+        where, params = ["1 = 1"], []
+        if status:
+            where.append("status = ?")
+            params.append(status)
+        if run_id:
+            where.append("run_id = ?")
+            params.append(run_id)
+        async with self.tx() as tx:
+            rows = await tx.fetchall(
+                f"SELECT * FROM approvals WHERE {' AND '.join(where)} "
+                "ORDER BY created_at, approval_id LIMIT ?",
+                [*params, limit],
+            )
+        return [Approval.model_validate(_dec(r)) for r in rows]
+
+    async def decide_approval(
+        self,
+        approval_id: str,
+        decision: Literal["approved", "rejected", "expired"],
+        *,
+        decided_by: str,
+        comment: str | None,
+        run_trigger: Trigger | None = None,
+        run_fields: dict[str, Any] | None = None,
+    ) -> tuple[Approval, bool]:
+        """Compare-and-set a pending approval to ``decision``; returns (row, won).
+
+        Only the winner gets ``won``; it alone may resume the run. ``run_trigger``
+        moves the run out of waiting_human in the same transaction.
+        """
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                f"SELECT * FROM approvals WHERE approval_id = ?{self.for_update}", (approval_id,)
+            )
+            if row is None:
+                raise RuntimeProblem(Code.APPROVAL_NOT_FOUND, f"approval {approval_id} not found")
+            won = row["status"] == "pending"
+            if won:
+                now = _ts()
+                await tx.execute(
+                    "UPDATE approvals SET status = ?, decided_by = ?, comment = ?, "
+                    "decided_at = ? WHERE approval_id = ? AND status = 'pending'",
+                    (decision, decided_by, comment, now, approval_id),
+                )
+                await self._append(
+                    tx, row["run_id"], EventType.APPROVAL_RESULT,
+                    {"approval_id": approval_id, "tool_call_id": row["tool_call_id"],
+                     "decision": decision, "decided_by": decided_by, "comment": comment},
+                    appended,
+                )
+                if run_trigger is not None:
+                    await self._transition(
+                        tx, row["run_id"], run_trigger, State.WAITING_HUMAN, (),
+                        run_fields or {}, appended,
+                    )
+                row = await tx.fetchone(
+                    "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,)
+                )
+        self._notify(appended)
+        assert row is not None
+        return Approval.model_validate(_dec(row)), won
+
+    # -- artifacts ------------------------------------------------------------
+
+    async def put_artifact(self, artifact: Artifact, content: bytes) -> Artifact:
+        """Store content-addressed bytes once; the artifact event goes to the run's log."""
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "SELECT artifact_id FROM artifacts WHERE artifact_id = ?", (artifact.artifact_id,)
+            )
+            if row is None:
+                await tx.execute(
+                    "INSERT INTO artifacts (artifact_id, media_type, size, name, run_id, "
+                    "created_at, content) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (artifact.artifact_id, artifact.media_type, artifact.size, artifact.name,
+                     artifact.run_id, _enc(artifact.created_at), content),
+                )
+            if artifact.run_id is not None:
+                await self._append(
+                    tx, artifact.run_id, EventType.ARTIFACT,
+                    artifact.model_dump(mode="json", exclude={"run_id"}), appended,
+                    dedupe_key=f"artifact:{artifact.artifact_id}",
+                )
+        self._notify(appended)
+        return artifact
+
+    async def artifact_exists(self, artifact_id: str) -> bool:
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "SELECT 1 AS one FROM artifacts WHERE artifact_id = ?", (artifact_id,)
+            )
+        return row is not None
+
+    async def get_artifact(self, artifact_id: str) -> tuple[Artifact, bytes] | None:
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "SELECT * FROM artifacts WHERE artifact_id = ?", (artifact_id,)
+            )
+        if row is None:
+            return None
+        content = bytes(row.pop("content") or b"")
+        return Artifact.model_validate(row), content
+
+
+async def iterate_events(store: RunStore, run_id: str, after: int) -> AsyncIterator[Event]:
+    while True:
+        batch = await store.list_events(run_id, after)
+        if not batch:
+            return
+        for event in batch:
+            yield event
+        after = batch[-1].seq

@@ -1,0 +1,101 @@
+"""The run store's schema, one list of migrations shared by SQLite and PostgreSQL.
+
+``{blob}`` is the only type that differs between the two dialects.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[list[str]] = [
+    [
+        """CREATE TABLE IF NOT EXISTS runs (
+            run_id TEXT PRIMARY KEY,
+            agent_id TEXT NOT NULL,
+            tenant_id TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            input TEXT NOT NULL,
+            context TEXT NOT NULL,
+            options TEXT NOT NULL,
+            state TEXT NOT NULL,
+            step_index INTEGER NOT NULL DEFAULT 0,
+            usage TEXT NOT NULL,
+            limits TEXT NOT NULL,
+            pending_approval TEXT,
+            result TEXT,
+            outcome TEXT,
+            idempotency_key TEXT,
+            request_hash TEXT NOT NULL,
+            cancel_requested TEXT,
+            last_seq INTEGER NOT NULL DEFAULT 0,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            ended_at TEXT
+        )""",
+        "CREATE UNIQUE INDEX IF NOT EXISTS runs_idem ON runs (tenant_id, idempotency_key)",
+        "CREATE INDEX IF NOT EXISTS runs_state ON runs (state)",
+        "CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at, run_id)",
+        """CREATE TABLE IF NOT EXISTS steps (
+            run_id TEXT NOT NULL,
+            step_index INTEGER NOT NULL,
+            decision TEXT NOT NULL,
+            started_at TEXT NOT NULL,
+            ended_at TEXT,
+            PRIMARY KEY (run_id, step_index)
+        )""",
+        """CREATE TABLE IF NOT EXISTS tool_calls (
+            tool_call_id TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            step_index INTEGER NOT NULL,
+            call_index INTEGER NOT NULL,
+            tool TEXT NOT NULL,
+            version TEXT NOT NULL,
+            args TEXT NOT NULL,
+            args_hash TEXT NOT NULL,
+            status TEXT NOT NULL,
+            output TEXT,
+            artifact_id TEXT,
+            error TEXT,
+            idempotency_key TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            side_effect INTEGER NOT NULL DEFAULT 0,
+            compensated INTEGER NOT NULL DEFAULT 0,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS tool_calls_run ON tool_calls (run_id, step_index, call_index)",
+        """CREATE TABLE IF NOT EXISTS approvals (
+            approval_id TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            tool_call_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            args TEXT NOT NULL,
+            args_hash TEXT NOT NULL,
+            risk TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            status TEXT NOT NULL,
+            decided_by TEXT,
+            comment TEXT,
+            created_at TEXT NOT NULL,
+            decided_at TEXT
+        )""",
+        "CREATE INDEX IF NOT EXISTS approvals_status ON approvals (status, created_at)",
+        """CREATE TABLE IF NOT EXISTS artifacts (
+            artifact_id TEXT PRIMARY KEY,
+            media_type TEXT NOT NULL,
+            size INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            run_id TEXT,
+            created_at TEXT NOT NULL,
+            content {blob}
+        )""",
+        """CREATE TABLE IF NOT EXISTS events (
+            run_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            ts TEXT NOT NULL,
+            data TEXT NOT NULL,
+            dedupe_key TEXT,
+            PRIMARY KEY (run_id, seq)
+        )""",
+        "CREATE UNIQUE INDEX IF NOT EXISTS events_dedupe ON events (run_id, dedupe_key)",
+    ],
+]

@@ -1,0 +1,73 @@
+"""The embedded run store: one SQLite file, one connection, transactions serialised in-process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from runtime.store.base import Row, RunStore
+
+
+class _SqliteTx:
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self._conn = conn
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        await self._conn.execute(sql, tuple(params))
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        async with self._conn.execute(sql, tuple(params)) as cur:
+            row = await cur.fetchone()
+        return dict(row) if row is not None else None
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        async with self._conn.execute(sql, tuple(params)) as cur:
+            rows = await cur.fetchall()
+        return [dict(r) for r in rows]
+
+
+class SqliteRunStore(RunStore):
+    dialect = "sqlite"
+    blob_type = "BLOB"
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        super().__init__()
+        self._conn = conn
+        # One connection: transactions must not interleave on it.
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, path: Path) -> SqliteRunStore:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = await aiosqlite.connect(path, isolation_level=None)
+        conn.row_factory = aiosqlite.Row
+        await conn.execute("PRAGMA journal_mode=WAL")
+        await conn.execute("PRAGMA busy_timeout=10000")
+        # WAL + NORMAL survives a process crash (SIGKILL) without losing commits.
+        await conn.execute("PRAGMA synchronous=NORMAL")
+        store = cls(conn)
+        await store.migrate()
+        return store
+
+    @asynccontextmanager
+    async def tx(self) -> AsyncIterator[_SqliteTx]:
+        async with self._lock:
+            await self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield _SqliteTx(self._conn)
+            except BaseException:
+                await self._conn.execute("ROLLBACK")
+                raise
+            await self._conn.execute("COMMIT")
+
+    async def ping(self) -> None:
+        async with self._lock:
+            await self._conn.execute("SELECT 1")
+
+    async def close(self) -> None:
+        await self._conn.close()

@@ -1,0 +1,84 @@
+"""What a tool is, to the runtime: the contract between the registry, the guard and the executor."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel
+
+from runtime.model import Artifact, RunContext
+
+Risk = Literal["low", "medium", "high"]
+
+
+class ToolBusinessError(Exception):
+    """The business state forbids the action; the planner decides what next."""
+
+
+class ToolUnavailable(Exception):
+    """A transient fault (network, timeout, service down); retried with backoff."""
+
+
+class ArtifactSink(Protocol):
+    async def put(self, content: bytes, media_type: str, name: str) -> Artifact: ...
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a handler is given besides its arguments."""
+
+    run_id: str
+    tool_call_id: str
+    idempotency_key: str
+    """Stable across retries and restarts: a side effect keyed by it happens once."""
+    context: RunContext
+    artifacts: ArtifactSink
+
+
+Handler = Callable[[Any, ToolContext], Awaitable[Any]]
+Reconciler = Callable[[Any, ToolContext], Awaitable[Any | None]]
+"""Asks the real system what happened; returns the output if the effect happened, else None."""
+Compensator = Callable[[Any, Any, ToolContext], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    version: str
+    description: str
+    args_model: type[BaseModel]
+    handler: Handler
+    risk: Risk = "low"
+    side_effect: bool = False
+    idempotent: bool = True
+    timeout_s: float = 30.0
+    max_attempts: int = 3
+    reconcile: Reconciler | None = None
+    compensate: Compensator | None = None
+    required_scopes: Callable[[BaseModel], list[str]] = field(default=lambda _args: [])
+    on_reject: Literal["fail", "replan"] = "fail"
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "description": self.description,
+            "risk": self.risk,
+            "side_effect": self.side_effect,
+            "idempotent": self.idempotent,
+            "reconcile": self.reconcile is not None,
+            "compensate": self.compensate is not None,
+            "schema": self.args_model.model_json_schema(),
+        }
+
+
+class ToolResolver(Protocol):
+    def resolve(self, name: str, version: str | None = None) -> ToolSpec | None: ...
+
+    def specs(self) -> list[ToolSpec]: ...

@@ -1,0 +1,25 @@
+"""Which agents a server hosts: the demo agent plus any configured ``module:function``."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+
+from runtime.agent import AgentSpec
+from server.settings import Settings
+
+
+def load_agents(settings: Settings) -> dict[str, AgentSpec]:
+    from graphs.retail_analyst import build_agent
+
+    agents: dict[str, AgentSpec] = {}
+    demo = build_agent(settings.resolved_demo_db)
+    agents[demo.agent_id] = demo
+    for path in settings.extra_agents:
+        module_name, _, attr = path.partition(":")
+        factory: Callable[[Settings], Iterable[AgentSpec]] = getattr(
+            importlib.import_module(module_name), attr or "build_agents"
+        )
+        for spec in factory(settings):
+            agents[spec.agent_id] = spec
+    return agents

@@ -1,0 +1,81 @@
+"""Every error leaves as ``application/problem+json`` (RFC 9457) with a machine ``code``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from runtime.errors import CODES, Code, RuntimeProblem
+
+log = logging.getLogger(__name__)
+PROBLEM_JSON = "application/problem+json"
+
+_HTTP_CODES = {
+    404: Code.NOT_FOUND, 405: Code.METHOD_NOT_ALLOWED, 406: Code.NOT_ACCEPTABLE,
+    413: Code.PAYLOAD_TOO_LARGE, 422: Code.VALIDATION_ERROR, 400: Code.VALIDATION_ERROR,
+}
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, plus the machine ``code``."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    code: str
+    instance: str | None = None
+    errors: list[dict[str, Any]] | None = None
+
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": Problem, "content": {PROBLEM_JSON: {}}}
+    for status in (400, 404, 409, 413, 422)
+}
+
+
+def problem_response(
+    code: Code, detail: str, *, instance: str | None = None, status: int | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    info = CODES[code]
+    body = Problem(
+        type=f"https://agent-runtime.dev/problems/{code.value.lower().replace('_', '-')}",
+        title=info.title, status=status or info.http_status, detail=detail, code=code.value,
+        instance=instance,
+    ).model_dump(exclude_none=True)
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return JSONResponse(body, status_code=status or info.http_status, media_type=PROBLEM_JSON)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(RuntimeProblem)
+    async def runtime_problem(request: Request, exc: RuntimeProblem) -> JSONResponse:
+        return problem_response(exc.code, exc.message, instance=request.url.path, **exc.extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg")), "type": e.get("type")}
+            for e in exc.errors()
+        ]
+        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors)
+        return problem_response(Code.VALIDATION_ERROR, detail or "invalid request",
+                                instance=request.url.path, errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, Code.INTERNAL_ERROR)
+        return problem_response(code, str(exc.detail), instance=request.url.path,
+                                status=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return problem_response(Code.INTERNAL_ERROR, "internal error", instance=request.url.path)

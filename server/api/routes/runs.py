@@ -1,0 +1,134 @@
+"""Runs: create, read, list, follow, audit, cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from runtime.errors import Code, RuntimeProblem
+from runtime.lifecycle import State
+from runtime.model import Approval, Event, Page, Run, RunCreate, Step, ToolCall
+from server.api.deps import EngineDep, RunDep, ServicesDep, StoreDep
+from server.api.problems import PROBLEM_RESPONSES
+from server.sse import event_stream
+
+router = APIRouter(tags=["runs"], responses=PROBLEM_RESPONSES)
+
+
+class CancelRequest(BaseModel):
+    reason: str = Field(default="cancelled by request", max_length=2000)
+    compensate: bool = False
+    """Also run the declared compensations of side effects that already happened."""
+
+
+class Trace(BaseModel):
+    """The full ordered audit record of a run."""
+
+    run: Run
+    steps: list[Step]
+    tool_calls: list[ToolCall]
+    approvals: list[Approval]
+    events: list[Event]
+
+
+@router.post("/runs", status_code=201, response_model=Run,
+             responses={200: {"model": Run, "description": "existing run (same idempotency key)"}})
+@router.post("/run", status_code=201, response_model=Run, include_in_schema=False)
+async def create_run(
+    body: RunCreate,
+    request: Request,
+    engine: EngineDep,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Any:
+    if idempotency_key is not None:
+        if body.options.idempotency_key not in (None, idempotency_key):
+            raise RuntimeProblem(
+                Code.VALIDATION_ERROR, "Idempotency-Key header and options.idempotency_key differ"
+            )
+        body.options.idempotency_key = idempotency_key
+    run, created = await engine.create_run(body)
+    location = str(request.url_for("get_run", run_id=run.run_id).path)
+    return JSONResponse(run.model_dump(mode="json"), status_code=201 if created else 200,
+                        headers={"Location": location})
+
+
+@router.get("/runs", response_model=Page[Run])
+async def list_runs(
+    store: StoreDep,
+    state: State | None = None,
+    agent_id: Annotated[str | None, Query(max_length=100)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+) -> Page[Run]:
+    runs, next_cursor = await store.list_runs(
+        state=state.value if state else None, agent_id=agent_id, limit=limit, cursor=cursor
+    )
+    return Page[Run](items=runs, next_cursor=next_cursor)
+
+
+@router.get("/runs/{run_id}", response_model=Run)
+async def get_run(run: RunDep) -> Run:
+    return run
+
+
+@router.get(
+    "/runs/{run_id}/events",
+    response_model=list[Event],
+    responses={200: {"content": {"text/event-stream": {}, "application/json": {}}}},
+)
+async def run_events(
+    run: RunDep,
+    services: ServicesDep,
+    request: Request,
+    after: Annotated[int | None, Query(ge=0)] = None,
+    last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+) -> Response:
+    start = after or 0
+    if last_event_id is not None:
+        if not last_event_id.isdigit():
+            raise RuntimeProblem(Code.VALIDATION_ERROR, "Last-Event-ID must be a sequence number")
+        start = max(start, int(last_event_id))
+    if "application/json" in request.headers.get("accept", "") and (
+        "text/event-stream" not in request.headers.get("accept", "")
+    ):
+        events = await services.store.list_events(run.run_id, start, limit=100_000)
+        return JSONResponse([e.model_dump(mode="json") for e in events])
+    stream = event_stream(services.store, services.bus, run.run_id, start,
+                          services.settings.sse_keepalive_s)
+    return StreamingResponse(stream, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/runs/{run_id}/steps", response_model=list[Step])
+async def run_steps(run: RunDep, store: StoreDep) -> list[Step]:
+    return await store.list_steps(run.run_id)
+
+
+@router.get("/runs/{run_id}/tool-calls", response_model=list[ToolCall])
+async def run_tool_calls(run: RunDep, store: StoreDep) -> list[ToolCall]:
+    return await store.list_tool_calls(run.run_id)
+
+
+@router.get("/runs/{run_id}/trace", response_model=Trace)
+async def run_trace(run: RunDep, store: StoreDep) -> Trace:
+    return Trace(
+        run=run,
+        steps=await store.list_steps(run.run_id),
+        tool_calls=await store.list_tool_calls(run.run_id),
+        approvals=await store.list_approvals(run_id=run.run_id, limit=10_000),
+        events=await store.list_events(run.run_id, 0, limit=100_000),
+    )
+
+
+@router.get("/runs/{run_id}/checkpoint")
+async def run_checkpoint(run: RunDep, engine: EngineDep) -> dict[str, Any]:
+    return await engine.checkpoint(run)
+
+
+@router.post("/runs/{run_id}/cancel", response_model=Run)
+async def cancel_run(run: RunDep, engine: EngineDep, body: CancelRequest | None = None) -> Run:
+    body = body or CancelRequest()
+    return await engine.cancel(run.run_id, body.reason, compensate=body.compensate)

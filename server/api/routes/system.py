@@ -1,0 +1,55 @@
+"""Agents, artifacts and health."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+
+from runtime.errors import Code, RuntimeProblem
+from server.api.deps import EngineDep, StoreDep
+from server.api.problems import PROBLEM_RESPONSES
+
+router = APIRouter(responses=PROBLEM_RESPONSES)
+
+SAFE_INLINE = {"text/plain", "text/markdown", "application/json", "text/csv"}
+
+
+@router.get("/agents", tags=["agents"])
+async def list_agents(engine: EngineDep) -> list[dict[str, Any]]:
+    return [
+        {"agent_id": spec.agent_id, "description": spec.description,
+         "default": spec.agent_id == engine.default_agent,
+         "tools": [t.describe() for t in spec.tools.specs()]}
+        for spec in engine.agents.values()
+    ]
+
+
+@router.get("/artifacts/{artifact_id}", tags=["artifacts"],
+            responses={200: {"content": {"application/octet-stream": {}}}})
+async def get_artifact(artifact_id: str, store: StoreDep) -> Response:
+    found = await store.get_artifact(artifact_id)
+    if found is None:
+        raise RuntimeProblem(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id}")
+    artifact, content = found
+    disposition = "inline" if artifact.media_type in SAFE_INLINE else "attachment"
+    return Response(content, media_type=artifact.media_type, headers={
+        "Content-Disposition": f'{disposition}; filename="{artifact.name}"',
+        "X-Content-Type-Options": "nosniff",
+        "ETag": f'"{artifact.artifact_id}"',
+        "Cache-Control": "private, max-age=31536000, immutable",
+    })
+
+
+@router.get("/healthz", tags=["health"])
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["health"])
+async def readyz(store: StoreDep) -> dict[str, str]:
+    try:
+        await store.ping()
+    except Exception as exc:
+        raise RuntimeProblem(Code.UNAVAILABLE, f"database unreachable: {exc}") from exc
+    return {"status": "ready"}

@@ -1,0 +1,49 @@
+"""Server settings, from environment variables prefixed ``AGENT_RUNTIME_``."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from runtime.budget import Maxima
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AGENT_RUNTIME_", extra="ignore")
+
+    data_dir: Path = Path(".agent-runtime")
+    """Embedded default: where the SQLite file, artifacts and the demo database live."""
+    database_url: str | None = None
+    """sqlite:///path/file.db or postgresql://…; default sqlite:///<data_dir>/runtime.db."""
+    demo_db_path: Path | None = None
+    """The retail demo's own database (its 'real system'); default <data_dir>/retail.db."""
+    default_agent: str = "retail_analyst"
+    extra_agents: list[str] = Field(default_factory=list)
+    """Import paths ``module:function`` returning more AgentSpecs, e.g. from a plugin."""
+    max_body_bytes: int = 256 * 1024
+    max_steps: int = 50
+    max_llm_calls: int = 100
+    max_tool_calls: int = 200
+    max_tokens: int = 2_000_000
+    max_cost_usd: float = 50.0
+    max_timeout_s: float = 3600.0
+    sse_keepalive_s: float = 15.0
+    log_level: str = "info"
+
+    @cached_property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'runtime.db'}"
+
+    @cached_property
+    def resolved_demo_db(self) -> Path:
+        return self.demo_db_path or self.data_dir / "retail.db"
+
+    def maxima(self) -> Maxima:
+        return Maxima(
+            max_steps=self.max_steps, max_llm_calls=self.max_llm_calls,
+            max_tool_calls=self.max_tool_calls, max_tokens=self.max_tokens,
+            max_cost_usd=self.max_cost_usd, timeout_s=self.max_timeout_s,
+        )

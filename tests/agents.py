@@ -1,0 +1,152 @@
+"""Agents for tests: the same graph builder as the demo, with small scripted planners.
+
+A server loads them with AGENT_RUNTIME_EXTRA_AGENTS='["tests.agents:build_agents"]'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from graphs.run_graph import build_run_graph
+from runtime.agent import AgentSpec
+from runtime.model import Decision, ProposedCall
+from runtime.planner import Observation, PlannerView
+from runtime.policy import DefaultPolicy
+from runtime.tooling import ToolContext, ToolSpec, ToolUnavailable
+from server.settings import Settings
+from tools.registry import ToolRegistry
+
+
+class EchoArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str
+    n: int = Field(ge=1, le=10)
+
+
+class CounterArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    label: str
+
+
+class SleepArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seconds: float = Field(ge=0, le=120)
+
+
+def counter_lines(data_dir: Path) -> list[str]:
+    path = data_dir / "counter.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def build_tools(data_dir: Path) -> ToolRegistry:
+    async def echo(args: EchoArgs, ctx: ToolContext) -> dict[str, object]:
+        return {"text": args.text * args.n}
+
+    async def counter(args: CounterArgs, ctx: ToolContext) -> dict[str, object]:
+        # A real, non-idempotent side effect: one line per execution.
+        with (data_dir / "counter.log").open("a") as fh:
+            fh.write(f"{ctx.tool_call_id} {args.label}\n")
+        return {"label": args.label}
+
+    async def sleep(args: SleepArgs, ctx: ToolContext) -> dict[str, object]:
+        with (data_dir / "sleep.log").open("a") as fh:
+            fh.write(f"{ctx.tool_call_id}\n")
+        await asyncio.sleep(args.seconds)
+        return {"slept": args.seconds}
+
+    async def flaky(args: SleepArgs, ctx: ToolContext) -> dict[str, object]:
+        with (data_dir / "flaky.log").open("a") as fh:
+            fh.write(f"{ctx.tool_call_id}\n")
+        raise ToolUnavailable("upstream is down")
+
+    return ToolRegistry([
+        ToolSpec("echo", "1", "Repeat text n times.", EchoArgs, echo),
+        ToolSpec("counter", "1", "Append a line (non-idempotent side effect).", CounterArgs,
+                 counter, side_effect=True, idempotent=False),
+        ToolSpec("sleep", "1", "Sleep (idempotent).", SleepArgs, sleep, timeout_s=60),
+        ToolSpec("flaky", "1", "Always unavailable.", SleepArgs, flaky, max_attempts=3),
+    ])
+
+
+Script = Callable[[PlannerView], Decision]
+
+
+class ScriptPlanner:
+    def __init__(self, script: Script) -> None:
+        self.script = script
+
+    async def next_step(self, view: PlannerView) -> Decision:
+        return self.script(view)
+
+
+def call(tool: str, **args: object) -> Decision:
+    return Decision(kind="tool_calls", summary=f"call {tool}",
+                    tool_calls=[ProposedCall(tool=tool, args=dict(args))])
+
+
+def finish(answer: str) -> Decision:
+    return Decision(kind="finish", summary="done", answer=answer)
+
+
+def last(view: PlannerView) -> Observation | None:
+    return view.observations[-1] if view.observations else None
+
+
+def typo_fixer(view: PlannerView) -> Decision:
+    """Sends a bad argument first, then corrects it from the validation error."""
+    obs = last(view)
+    if obs is None:
+        return call("echo", text="hi", n="many")
+    if obs.status == "TOOL_ARGUMENT_INVALID":
+        return call("echo", text="hi", n=2)
+    return finish(f"echo said {obs.output}")
+
+
+def stubborn(view: PlannerView) -> Decision:
+    """Never corrects its arguments: only the budget stops it."""
+    return call("echo", text="hi", n=0)
+
+
+def slow_worker(view: PlannerView) -> Decision:
+    """counter (a non-idempotent side effect), then a long sleep, then finish."""
+    seconds = float(view.input.split()[-1]) if view.input.split()[-1][0].isdigit() else 0.1
+    done = {o.tool for o in view.observations if o.status == "succeeded"}
+    if "counter" not in done:
+        return call("counter", label="once")
+    if "sleep" not in done:
+        return call("sleep", seconds=seconds)
+    return finish("slept")
+
+
+def broken(view: PlannerView) -> Decision:
+    return call("flaky", seconds=0)
+
+
+def wanderer(view: PlannerView) -> Decision:
+    """Asks for a tool that does not exist, then gives up gracefully."""
+    if not view.observations:
+        return call("teleport", where="mars")
+    return finish(f"could not: {view.observations[-1].status}")
+
+
+SCRIPTS: dict[str, Script] = {
+    "typo_fixer": typo_fixer,
+    "stubborn": stubborn,
+    "slow_worker": slow_worker,
+    "broken": broken,
+    "wanderer": wanderer,
+}
+
+
+def build_agents(settings: Settings) -> list[AgentSpec]:
+    tools = build_tools(settings.data_dir)
+    return [
+        AgentSpec(agent_id=name, description=script.__doc__ or name,
+                  builder=build_run_graph(ScriptPlanner(script), tools, DefaultPolicy()),
+                  tools=tools)
+        for name, script in SCRIPTS.items()
+    ]

@@ -1,0 +1,69 @@
+"""An in-process app on each database, driven through its HTTP interface."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from runtime.engine import Engine
+from server.app import create_app
+from server.settings import Settings
+
+
+@dataclass
+class Api:
+    client: httpx.AsyncClient
+    engine: Engine
+    settings: Settings
+
+    async def create(self, **body: Any) -> dict[str, Any]:
+        body.setdefault("input", "上周华东区销售下滑的主要 SKU 是什么？")
+        body.setdefault("context", {"user_id": "u-ops-001", "tenant_id": "demo-retail",
+                                    "scope": ["sales_region:east"]})
+        resp = await self.client.post("/runs", json=body)
+        assert resp.status_code == 201, resp.text
+        run: dict[str, Any] = resp.json()
+        return run
+
+    async def settle(self, run_id: str) -> dict[str, Any]:
+        """Wait until this process's driver is done with the run; return the run."""
+        await self.engine.wait_idle(run_id)
+        resp = await self.client.get(f"/runs/{run_id}")
+        assert resp.status_code == 200, resp.text
+        run: dict[str, Any] = resp.json()
+        return run
+
+    async def events(self, run_id: str) -> list[dict[str, Any]]:
+        resp = await self.client.get(f"/runs/{run_id}/events",
+                                     headers={"Accept": "application/json"})
+        assert resp.status_code == 200, resp.text
+        events: list[dict[str, Any]] = resp.json()
+        return events
+
+    async def decide(self, run_id: str, approval_id: str, decision: str) -> httpx.Response:
+        return await self.client.post(f"/runs/{run_id}/approvals/{approval_id}",
+                                      json={"decision": decision, "decided_by": "u-mgr-002"})
+
+
+def states(events: list[dict[str, Any]]) -> list[str]:
+    return [e["data"]["to"] for e in events if e["type"] == "state"]
+
+
+@pytest.fixture
+def settings(database_url: str, data_dir: Path) -> Settings:
+    return Settings(data_dir=data_dir, database_url=database_url,
+                    extra_agents=["tests.agents:build_agents"])
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[Api]:
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield Api(client, app.state.services.engine, settings)
