@@ -234,7 +234,7 @@ class Engine:
             raise RuntimeProblem(
                 Code.APPROVAL_CONFLICT,
                 f"approval {approval_id} is already {approval.status}",
-                status=approval.status,
+                approval_status=approval.status,
             )
         return approval, False
 

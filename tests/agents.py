@@ -6,6 +6,7 @@ A server loads them with AGENT_RUNTIME_EXTRA_AGENTS='["tests.agents:build_agents
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,7 +56,8 @@ def build_tools(data_dir: Path) -> ToolRegistry:
     async def sleep(args: SleepArgs, ctx: ToolContext) -> dict[str, object]:
         with (data_dir / "sleep.log").open("a") as fh:
             fh.write(f"{ctx.tool_call_id}\n")
-        await asyncio.sleep(args.seconds)
+        # A restarted test server may shorten the sleep it resumes.
+        await asyncio.sleep(float(os.environ.get("TEST_SLEEP_OVERRIDE", args.seconds)))
         return {"slept": args.seconds}
 
     async def flaky(args: SleepArgs, ctx: ToolContext) -> dict[str, object]:

@@ -137,8 +137,9 @@ def is_complete(path: Path) -> bool:
     if not path.is_file():
         return False
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
-                               timeout=BUSY_TIMEOUT_S)
+        # Read-write, not read-only: a read-only reader of a WAL database cannot
+        # remove the -wal and -shm files it creates, and would leave them behind.
+        conn = open_db(path)
         try:
             row = conn.execute("SELECT value FROM meta WHERE key = 'complete'").fetchone()
         finally:

@@ -207,7 +207,7 @@ class RetailPlanner:
         publishes = _of(view, "publish_report")
         published = _succeeded(publishes)
         publish_status = publishes[-1].status if publishes else "not_requested"
-        answer += " " + _report_sentence(report, publish_status, zh)
+        answer += ("" if zh else " ") + _report_sentence(report, publish_status, zh)
         data: dict[str, Any] = {
             "region": findings.region, "week_start": findings.week_start,
             "top_skus": [d.sku for d in drivers], "change_pct": findings.change_pct,

@@ -231,7 +231,8 @@ def build_registry(db_path: Path) -> ToolRegistry:
             # Keyed by the call's idempotency key, so a retry queues nothing new.
             risk="high", side_effect=True, idempotent=True,
             reconcile=reconcile, compensate=compensate,
-            # A rejected publish still leaves a useful answer; let the planner finish.
-            on_reject="replan",
+            # A human's "no" to publishing ends the run (APPROVAL_REJECTED): the report
+            # artifact stays, nothing goes out.
+            on_reject="fail",
         ),
     ])

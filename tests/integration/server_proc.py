@@ -1,0 +1,104 @@
+"""A real ``agent-runtime serve`` subprocess that tests can SIGKILL and start again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for_file(path: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.stat().st_size > 0):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        time.sleep(0.02)
+
+
+class ServerProcess:
+    def __init__(self, data_dir: Path, database_url: str, **env: str) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "AGENT_RUNTIME_DATA_DIR": str(data_dir),
+            "AGENT_RUNTIME_DATABASE_URL": database_url,
+            "AGENT_RUNTIME_EXTRA_AGENTS": '["tests.agents:build_agents"]',
+            "AGENT_RUNTIME_LOG_LEVEL": "warning",
+            "PYTHONPATH": str(ROOT),
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = data_dir / f"server-{self.port}.log"
+
+    def start(self, timeout: float = 30.0) -> ServerProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "server.cli", "serve", "--port", str(self.port)],
+            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.base_url}/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)  # polling for a port to open, not waiting on behaviour
+        raise TimeoutError(f"server did not start: {self.log_path.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook, no flush, no goodbye."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=30)
+
+    def follow(self, run_id: str, until: Any, after: int = 0, timeout: float = 60) -> list[
+        dict[str, Any]
+    ]:
+        """Read the SSE stream until ``until(event)`` is true; returns the events read."""
+        import json
+
+        events: list[dict[str, Any]] = []
+        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
+        with httpx.stream("GET", f"{self.base_url}/runs/{run_id}/events", headers=headers,
+                          timeout=httpx.Timeout(timeout)) as resp:
+            resp.raise_for_status()
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    events.append(event)
+                    if until(event):
+                        return events
+        return events
