@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from langgraph.graph import END, START, StateGraph
+from langgraph.graph import START, StateGraph
 
 from nodes.approval import make_approval_node
 from nodes.executor import make_executor_node
@@ -26,14 +26,14 @@ RunGraphBuilder = StateGraph[RunState, Context, InputState, RunState]
 
 def route_after_planner(state: RunState) -> Literal["guard", "finish", "__end__"]:
     if state.get("outcome"):
-        return END
+        return "__end__"
     decision = state.get("decision") or {}
     return "finish" if decision.get("kind") == "finish" else "guard"
 
 
 def route_after_guard(state: RunState) -> Literal["approval", "executor", "planner", "__end__"]:
     if state.get("outcome"):
-        return END
+        return "__end__"
     calls = state.get("calls") or []
     if not calls:
         return "planner"
@@ -42,16 +42,16 @@ def route_after_guard(state: RunState) -> Literal["approval", "executor", "plann
 
 def route_after_approval(state: RunState) -> Literal["executor", "planner", "__end__"]:
     if state.get("outcome"):
-        return END
+        return "__end__"
     return "executor" if state.get("calls") else "planner"
 
 
 def route_after_executor(state: RunState) -> Literal["planner", "__end__"]:
-    return END if state.get("outcome") else "planner"
+    return "__end__" if state.get("outcome") else "planner"
 
 
 def route_after_finish(state: RunState) -> Literal["planner", "__end__"]:
-    return END if state.get("outcome") else "planner"
+    return "__end__" if state.get("outcome") else "planner"
 
 
 def build_run_graph(planner: Planner, tools: ToolResolver, policy: Policy) -> RunGraphBuilder:

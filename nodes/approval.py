@@ -18,14 +18,14 @@ from runtime import ids
 from runtime.context import Context
 from runtime.errors import Code
 from runtime.events import summarize
-from runtime.model import Approval, utcnow
+from runtime.model import Approval, ApprovalDecision, utcnow
 from runtime.state import RunState, failed
 from runtime.tooling import ToolResolver
 
 NodeFn = Any
 
 
-def parse_decision(answer: Any) -> tuple[str, str | None, str]:
+def parse_decision(answer: Any) -> tuple[ApprovalDecision, str | None, str]:
     """(approved|rejected, comment, decided_by) from a resume payload."""
     if isinstance(answer, dict):
         raw = str(answer.get("decision", "")).lower()
@@ -33,7 +33,9 @@ def parse_decision(answer: Any) -> tuple[str, str | None, str]:
         by = str(answer.get("decided_by") or "graph-resume")
     else:
         raw, comment, by = str(answer).lower(), None, "graph-resume"
-    status = "approved" if raw in ("approve", "approved", "yes", "true") else "rejected"
+    status: ApprovalDecision = (
+        "approved" if raw in ("approve", "approved", "yes", "true") else "rejected"
+    )
     return status, comment, by
 
 
@@ -48,17 +50,28 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
             assert spec is not None, "the guard resolved this tool"
             approval_id = ids.approval_id(call["tool_call_id"])
             request = {
-                "approval_id": approval_id, "run_id": ctx.run_id,
-                "tool_call_id": call["tool_call_id"], "tool": spec.name,
-                "version": spec.version, "args": call["args"], "args_summary":
-                summarize(call["args"]), "risk": spec.risk, "reason": call["reason"],
+                "approval_id": approval_id,
+                "run_id": ctx.run_id,
+                "tool_call_id": call["tool_call_id"],
+                "tool": spec.name,
+                "version": spec.version,
+                "args": call["args"],
+                "args_summary": summarize(call["args"]),
+                "risk": spec.risk,
+                "reason": call["reason"],
             }
             row = await ctx.store.ensure_approval(
                 Approval(
-                    approval_id=approval_id, run_id=ctx.run_id,
-                    tool_call_id=call["tool_call_id"], tool=spec.ref, args=call["args"],
-                    args_hash=call["args_hash"], risk=spec.risk, reason=call["reason"],
-                    status="pending", created_at=utcnow(),
+                    approval_id=approval_id,
+                    run_id=ctx.run_id,
+                    tool_call_id=call["tool_call_id"],
+                    tool=spec.ref,
+                    args=call["args"],
+                    args_hash=call["args_hash"],
+                    risk=spec.risk,
+                    reason=call["reason"],
+                    status="pending",
+                    created_at=utcnow(),
                 ),
                 request,
             )
@@ -68,7 +81,10 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
             if row.status == "pending":
                 status, comment, by = parse_decision(answer)
                 row, _ = await ctx.store.decide_approval(
-                    approval_id, status, decided_by=by, comment=comment  # type: ignore[arg-type]
+                    approval_id,
+                    status,
+                    decided_by=by,
+                    comment=comment,  # type: ignore[arg-type]
                 )
             if row.status != "approved" or row.args_hash != call["args_hash"]:
                 rejected.append({"call": call, "on_reject": spec.on_reject, "row": row})
@@ -78,9 +94,14 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
             return {
                 "calls": [],
                 "observations": [
-                    {"step_index": state["step_index"], "tool_call_id": r["call"]["tool_call_id"],
-                     "tool": r["call"]["tool"], "status": Code.APPROVAL_REJECTED.value,
-                     "error": r["row"].comment or "rejected", "summary": "a human rejected it"}
+                    {
+                        "step_index": state["step_index"],
+                        "tool_call_id": r["call"]["tool_call_id"],
+                        "tool": r["call"]["tool"],
+                        "status": Code.APPROVAL_REJECTED.value,
+                        "error": r["row"].comment or "rejected",
+                        "summary": "a human rejected it",
+                    }
                     for r in rejected
                 ],
                 "memory_version": state.get("memory_version", 0) + 1,

@@ -24,7 +24,9 @@ REPLANNABLE = {Code.TOOL_BUSINESS_ERROR.value}
 def observation(row: ToolCall) -> dict[str, Any]:
     error = row.error or {}
     return {
-        "step_index": row.step_index, "tool_call_id": row.tool_call_id, "tool": row.tool,
+        "step_index": row.step_index,
+        "tool_call_id": row.tool_call_id,
+        "tool": row.tool,
         "status": row.status if row.status == "succeeded" else str(error.get("code", row.status)),
         "summary": summarize(row.output if row.status == "succeeded" else error.get("message")),
         "output": row.output if row.status == "succeeded" else None,
@@ -46,19 +48,36 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
                 from runtime.ids import approval_id
 
                 approval = await ctx.store.get_approval(approval_id(call["tool_call_id"]))
-                if approval is None or approval.status != "approved" or (
-                    approval.args_hash != call["args_hash"]
+                if (
+                    approval is None
+                    or approval.status != "approved"
+                    or (approval.args_hash != call["args_hash"])
                 ):
                     raise RuntimeError(f"{call['tool_call_id']} has no matching approval")
             args = spec.args_model.model_validate(call["args"])
-            row = new_ledger_row(ctx.run_id, state["step_index"], call["call_index"],
-                                 call["tool_call_id"], spec, call["args"], call["args_hash"])
-            tctx = ToolContext(run_id=ctx.run_id, tool_call_id=row.tool_call_id,
-                               idempotency_key=row.idempotency_key, context=context,
-                               artifacts=artifacts)
-            action = {"tool_call_id": row.tool_call_id, "tool": spec.name,
-                      "version": spec.version, "args": summarize(call["args"]),
-                      "idempotency_key": row.idempotency_key}
+            row = new_ledger_row(
+                ctx.run_id,
+                state["step_index"],
+                call["call_index"],
+                call["tool_call_id"],
+                spec,
+                call["args"],
+                call["args_hash"],
+            )
+            tctx = ToolContext(
+                run_id=ctx.run_id,
+                tool_call_id=row.tool_call_id,
+                idempotency_key=row.idempotency_key,
+                context=context,
+                artifacts=artifacts,
+            )
+            action = {
+                "tool_call_id": row.tool_call_id,
+                "tool": spec.name,
+                "version": spec.version,
+                "args": summarize(call["args"]),
+                "idempotency_key": row.idempotency_key,
+            }
             return await execute_once(ctx.store, spec, row, args, tctx, action)
 
         calls = state.get("calls", [])
@@ -68,17 +87,21 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
             "calls": [],
             "observations": [observation(r) for r in rows],
             "tool_calls": [r.tool_call_id for r in rows],
-            "usage": usage.model_copy(update={
-                "tool_calls": usage.tool_calls + len(rows), "active_s": ctx.active_s(),
-            }).model_dump(),
+            "usage": usage.model_copy(
+                update={
+                    "tool_calls": usage.tool_calls + len(rows),
+                    "active_s": ctx.active_s(),
+                }
+            ).model_dump(),
             "memory_version": state.get("memory_version", 0) + 1,
         }
         for row in rows:
             code = (row.error or {}).get("code")
             if row.status != "succeeded" and code not in REPLANNABLE:
                 update["outcome"] = failed(
-                    str(code or Code.TOOL_FAILED), f"{row.tool} {row.tool_call_id}: "
-                    + str((row.error or {}).get("message", row.status))
+                    str(code or Code.TOOL_FAILED),
+                    f"{row.tool} {row.tool_call_id}: "
+                    + str((row.error or {}).get("message", row.status)),
                 )
                 break
         return update

@@ -34,19 +34,28 @@ def make_finish_node() -> NodeFn:
         problems = await terminal_problems(state, ctx)
         if problems:
             return {
-                "observations": [{
-                    "step_index": state["step_index"], "tool_call_id": "", "tool": "finish",
-                    "status": "FINISH_REFUSED", "summary": "; ".join(problems),
-                    "error": "; ".join(problems),
-                }],
+                "observations": [
+                    {
+                        "step_index": state["step_index"],
+                        "tool_call_id": "",
+                        "tool": "finish",
+                        "status": "FINISH_REFUSED",
+                        "summary": "; ".join(problems),
+                        "error": "; ".join(problems),
+                    }
+                ],
                 "memory_version": state.get("memory_version", 0) + 1,
             }
-        artifacts = sorted({
-            o["artifact_id"] for o in state.get("observations", []) if o.get("artifact_id")
-        })
+        artifacts = sorted(
+            {o["artifact_id"] for o in state.get("observations", []) if o.get("artifact_id")}
+        )
         return {
-            "result": {"answer": decision.answer, "summary": decision.summary,
-                       "data": decision.data, "artifacts": artifacts},
+            "result": {
+                "answer": decision.answer,
+                "summary": decision.summary,
+                "data": decision.data,
+                "artifacts": artifacts,
+            },
             "outcome": {"status": "succeeded", "code": None, "message": ""},
         }
 

@@ -55,37 +55,61 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
                     verdict = policy.decide(spec, args, context)
                     if verdict.action == "deny":
                         await ctx.store.append_event(
-                            ctx.run_id, EventType.ERROR,
-                            {"code": Code.POLICY_DENIED, "message": verdict.reason,
-                             "tool_call_id": tc_id, "recovery": CODES[Code.POLICY_DENIED].recovery},
+                            ctx.run_id,
+                            EventType.ERROR,
+                            {
+                                "code": Code.POLICY_DENIED,
+                                "message": verdict.reason,
+                                "tool_call_id": tc_id,
+                                "recovery": CODES[Code.POLICY_DENIED].recovery,
+                            },
                             dedupe_key=f"error:{tc_id}",
                         )
                         return {"outcome": failed(Code.POLICY_DENIED, verdict.reason), "calls": []}
                     normalized = args.model_dump(mode="json")
-                    calls.append({
-                        "tool_call_id": tc_id, "call_index": index, "tool": spec.name,
-                        "version": spec.version, "args": normalized,
-                        "args_hash": ids.content_hash(normalized),
-                        "needs_approval": verdict.action == "approve", "reason": verdict.reason,
-                    })
+                    calls.append(
+                        {
+                            "tool_call_id": tc_id,
+                            "call_index": index,
+                            "tool": spec.name,
+                            "version": spec.version,
+                            "args": normalized,
+                            "args_hash": ids.content_hash(normalized),
+                            "needs_approval": verdict.action == "approve",
+                            "reason": verdict.reason,
+                        }
+                    )
             if code is not None:
-                rejected.append({
-                    "step_index": step, "tool_call_id": tc_id, "tool": proposed.tool,
-                    "status": code.value, "error": message, "summary": message,
-                })
+                rejected.append(
+                    {
+                        "step_index": step,
+                        "tool_call_id": tc_id,
+                        "tool": proposed.tool,
+                        "status": code.value,
+                        "error": message,
+                        "summary": message,
+                    }
+                )
                 await ctx.store.append_event(
-                    ctx.run_id, EventType.ERROR,
-                    {"code": code, "message": message, "tool_call_id": tc_id,
-                     "recovery": CODES[code].recovery},
+                    ctx.run_id,
+                    EventType.ERROR,
+                    {
+                        "code": code,
+                        "message": message,
+                        "tool_call_id": tc_id,
+                        "recovery": CODES[code].recovery,
+                    },
                     dedupe_key=f"error:{tc_id}",
                 )
         if rejected:
             # The step runs whole or not at all: the planner sees every problem at once.
-            return {"calls": [], "observations": rejected,
-                    "memory_version": state.get("memory_version", 0) + 1}
+            return {
+                "calls": [],
+                "observations": rejected,
+                "memory_version": state.get("memory_version", 0) + 1,
+            }
         usage = Usage.model_validate(state.get("usage") or {})
-        over = before_tools(usage, limits_from(state.get("limits")), len(calls),
-                            ctx.active_s())
+        over = before_tools(usage, limits_from(state.get("limits")), len(calls), ctx.active_s())
         if over:
             return {"outcome": failed(Code.RUN_BUDGET_EXCEEDED, over), "calls": []}
         return {"calls": calls}

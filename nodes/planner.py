@@ -50,22 +50,30 @@ def make_planner_node(planner: Planner, tools: ToolResolver) -> NodeFn:
                 decision = await planner.next_step(view)
             except Exception as exc:  # a planner bug or a model outage ends the run, visibly
                 await ctx.store.append_event(
-                    ctx.run_id, EventType.ERROR,
+                    ctx.run_id,
+                    EventType.ERROR,
                     {"code": Code.PLANNER_ERROR, "message": repr(exc), "recovery": "none"},
                 )
                 return {"outcome": failed(Code.PLANNER_ERROR, repr(exc))}
             if decision.kind == "tool_calls" and not decision.tool_calls:
                 decision = Decision(kind="finish", summary="no tool calls proposed")
-            step = Step(run_id=ctx.run_id, step_index=step_index, decision=decision,
-                        started_at=started, ended_at=utcnow())
+            step = Step(
+                run_id=ctx.run_id,
+                step_index=step_index,
+                decision=decision,
+                started_at=started,
+                ended_at=utcnow(),
+            )
             decision = (await ctx.store.record_step(step)).decision
-        usage = usage.model_copy(update={
-            "steps": step_index + 1,
-            "llm_calls": usage.llm_calls + decision.usage.llm_calls,
-            "tokens": usage.tokens + decision.usage.tokens,
-            "cost_usd": usage.cost_usd + decision.usage.cost_usd,
-            "active_s": ctx.active_s(),
-        })
+        usage = usage.model_copy(
+            update={
+                "steps": step_index + 1,
+                "llm_calls": usage.llm_calls + decision.usage.llm_calls,
+                "tokens": usage.tokens + decision.usage.tokens,
+                "cost_usd": usage.cost_usd + decision.usage.cost_usd,
+                "active_s": ctx.active_s(),
+            }
+        )
         return {
             "step_index": step_index,
             "decision": decision.model_dump(mode="json"),

@@ -40,26 +40,41 @@ async def side_effects(store: RunStore, run_id: str) -> tuple[list[str], list[st
     """(side-effecting tool calls that happened or may have, those compensated)."""
     rows = await store.list_tool_calls(run_id)
     happened = [
-        r.tool_call_id for r in rows
+        r.tool_call_id
+        for r in rows
         if r.side_effect and r.status in ("succeeded", "unknown", "cancelled")
     ]
     return happened, [r.tool_call_id for r in rows if r.compensated]
 
 
 async def fail_run(
-    store: RunStore, run_id: str, code: Code, message: str, *, compensations: list[str] | None = None
+    store: RunStore,
+    run_id: str,
+    code: Code,
+    message: str,
+    *,
+    compensations: list[str] | None = None,
 ) -> Run | None:
     """End a run as failed with ``code``: error event, outcome with side effects, state event."""
     run = await store.get_run(run_id)
     if run is None or run.state in TERMINAL:
         return run
     happened, compensated = await side_effects(store, run_id)
-    outcome = Outcome(status="failed", code=code, message=message, side_effects=happened,
-                      compensations=compensations if compensations is not None else compensated)
+    outcome = Outcome(
+        status="failed",
+        code=code,
+        message=message,
+        side_effects=happened,
+        compensations=compensations if compensations is not None else compensated,
+    )
     error = {"code": code.value, "message": message, "recovery": CODES[code].recovery.value}
     return await store.transition(
-        run_id, failure_trigger(code, run.state), expect=run.state,
-        events=[(EventType.ERROR, error)], outcome=outcome, pending_approval=None,
+        run_id,
+        failure_trigger(code, run.state),
+        expect=run.state,
+        events=[(EventType.ERROR, error)],
+        outcome=outcome,
+        pending_approval=None,
     )
 
 
@@ -90,8 +105,9 @@ class Adapter:
         # Only a human's decision (an approval's compare-and-set) fires `approved`.
         if trigger is None or trigger is Trigger.APPROVED:
             return
-        run = await self.store.transition(self.run_id, trigger, expect=self.state,
-                                          **self._progress())
+        run = await self.store.transition(
+            self.run_id, trigger, expect=self.state, **self._progress()
+        )
         self.state = run.state
 
     async def on_stop(self, values: dict[str, Any], interrupts: list[Any]) -> Run | None:
@@ -100,8 +116,10 @@ class Adapter:
         if interrupts:
             request = interrupts[0]
             pending = PendingApproval(
-                approval_id=request["approval_id"], tool_call_id=request["tool_call_id"],
-                tool=request["tool"], reason=request.get("reason", ""),
+                approval_id=request["approval_id"],
+                tool_call_id=request["tool_call_id"],
+                tool=request["tool"],
+                reason=request.get("reason", ""),
             )
             if self.state is State.WAITING_HUMAN:
                 await self.store.update_run(self.run_id, pending_approval=pending)
@@ -110,8 +128,11 @@ class Adapter:
                 # A graph that interrupts straight from planning still reads as executing first.
                 await self.on_task_start("executor")
             run = await self.store.transition(
-                self.run_id, Trigger.NEED_APPROVAL, expect=self.state,
-                pending_approval=pending, **self._progress(),
+                self.run_id,
+                Trigger.NEED_APPROVAL,
+                expect=self.state,
+                pending_approval=pending,
+                **self._progress(),
             )
             self.state = run.state
             return run
@@ -121,10 +142,14 @@ class Adapter:
                 await self.on_task_start("finish")
             happened, compensated = await side_effects(self.store, self.run_id)
             run = await self.store.transition(
-                self.run_id, Trigger.DONE, expect=self.state,
-                result=self.values.get("result"), pending_approval=None,
-                outcome=Outcome(status="succeeded", side_effects=happened,
-                                compensations=compensated),
+                self.run_id,
+                Trigger.DONE,
+                expect=self.state,
+                result=self.values.get("result"),
+                pending_approval=None,
+                outcome=Outcome(
+                    status="succeeded", side_effects=happened, compensations=compensated
+                ),
                 **self._progress(),
             )
             self.state = run.state
@@ -134,7 +159,7 @@ class Adapter:
         else:
             code, message = Code.INTERNAL_ERROR, "the graph ended without an outcome"
         await self.store.update_run(self.run_id, **self._progress())
-        run = await fail_run(self.store, self.run_id, code, message)
-        if run is not None:
-            self.state = run.state
-        return run
+        failed_run = await fail_run(self.store, self.run_id, code, message)
+        if failed_run is not None:
+            self.state = failed_run.state
+        return failed_run

@@ -27,7 +27,7 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.ids import content_hash, new_run_id
 from runtime.ledger import StoreArtifacts
 from runtime.lifecycle import TERMINAL, State, Trigger
-from runtime.model import Approval, Run, RunCreate, RunContext, Usage, utcnow
+from runtime.model import Approval, ApprovalDecision, Run, RunContext, RunCreate, Usage, utcnow
 from runtime.store.base import RunStore
 from runtime.tooling import ToolContext
 
@@ -71,9 +71,14 @@ class Engine:
         request = request.model_copy(update={"agent_id": agent_id})
         now = utcnow()
         run = Run(
-            run_id=new_run_id(), agent_id=agent_id, input=request.input,
-            context=request.context, options=request.options, state=State.PENDING,
-            limits=effective_limits(request.options, self.maxima), created_at=now,
+            run_id=new_run_id(),
+            agent_id=agent_id,
+            input=request.input,
+            context=request.context,
+            options=request.options,
+            state=State.PENDING,
+            limits=effective_limits(request.options, self.maxima),
+            created_at=now,
             updated_at=now,
         )
         fingerprint = content_hash(
@@ -124,7 +129,8 @@ class Engine:
             return
         graph = self.graphs[run.agent_id]
         config: dict[str, Any] = {
-            "configurable": {"thread_id": run_id}, "recursion_limit": RECURSION_LIMIT,
+            "configurable": {"thread_id": run_id},
+            "recursion_limit": RECURSION_LIMIT,
         }
         snapshot = await graph.aget_state(config)
         graph_input: Any
@@ -152,7 +158,10 @@ class Engine:
         try:
             async with asyncio.timeout(max(remaining, 0.001)):
                 async for mode, part in graph.astream(
-                    graph_input, config, context=ctx, stream_mode=["tasks", "values"],
+                    graph_input,
+                    config,
+                    context=ctx,
+                    stream_mode=["tasks", "values"],
                     durability="sync",
                 ):
                     if mode == "values":
@@ -160,10 +169,15 @@ class Engine:
                     elif mode == "tasks" and "input" in part:
                         await adapter.on_task_start(part["name"])
         except TimeoutError:
-            await self.store.update_run(run_id, usage=usage.model_copy(
-                update={"active_s": ctx.active_s()}).model_dump())
-            await fail_run(self.store, run_id, Code.RUN_BUDGET_EXCEEDED,
-                           f"timeout_s {run.limits.timeout_s} reached")
+            await self.store.update_run(
+                run_id, usage=usage.model_copy(update={"active_s": ctx.active_s()}).model_dump()
+            )
+            await fail_run(
+                self.store,
+                run_id,
+                Code.RUN_BUDGET_EXCEEDED,
+                f"timeout_s {run.limits.timeout_s} reached",
+            )
             return
         except TRANSIENT_DB_ERRORS:
             # The run is not lost: it stays where its checkpoint is and is resumed later.
@@ -210,20 +224,28 @@ class Engine:
     # -- approvals ------------------------------------------------------------
 
     async def decide(
-        self, run_id: str, approval_id: str, decision: str, *, decided_by: str,
+        self,
+        run_id: str,
+        approval_id: str,
+        decision: str,
+        *,
+        decided_by: str,
         comment: str | None,
     ) -> tuple[Approval, bool]:
         """Decide an approval once; returns (approval, whether this call decided it)."""
         approval = await self.store.get_approval(approval_id)
         if approval is None or approval.run_id != run_id:
             raise RuntimeProblem(Code.APPROVAL_NOT_FOUND, f"no approval {approval_id} on {run_id}")
-        status = "approved" if decision == "approve" else "rejected"
+        status: ApprovalDecision = "approved" if decision == "approve" else "rejected"
         if approval.status == "pending":
             # Wait for this process's driver to park the run before deciding.
             await self.wait_idle(run_id)
             async with self._lock(run_id):
                 approval, won = await self.store.decide_approval(
-                    approval_id, status, decided_by=decided_by, comment=comment,  # type: ignore[arg-type]
+                    approval_id,
+                    status,
+                    decided_by=decided_by,
+                    comment=comment,
                     run_trigger=Trigger.APPROVED if status == "approved" else None,
                     run_fields={"pending_approval": None} if status == "approved" else None,
                 )
@@ -269,8 +291,9 @@ class Engine:
                 approval.approval_id, "expired", decided_by="runtime", comment="run cancelled"
             )
         compensated = await self._compensate(run) if compensate else None
-        await fail_run(self.store, run_id, Code.RUN_CANCELLED, reason or "cancelled",
-                       compensations=compensated)
+        await fail_run(
+            self.store, run_id, Code.RUN_CANCELLED, reason or "cancelled", compensations=compensated
+        )
 
     async def _compensate(self, run: Run) -> list[str]:
         """Run each declared compensation of a side effect that happened, once."""
@@ -287,9 +310,11 @@ class Engine:
             if spec is None or spec.compensate is None:
                 continue
             tctx = ToolContext(
-                run_id=run.run_id, tool_call_id=row.tool_call_id,
-                idempotency_key=row.idempotency_key, context=RunContext.model_validate(
-                    run.context.model_dump()), artifacts=StoreArtifacts(self.store, run.run_id),
+                run_id=run.run_id,
+                tool_call_id=row.tool_call_id,
+                idempotency_key=row.idempotency_key,
+                context=RunContext.model_validate(run.context.model_dump()),
+                artifacts=StoreArtifacts(self.store, run.run_id),
             )
             try:
                 await spec.compensate(spec.args_model.model_validate(row.args), row.output, tctx)
@@ -320,7 +345,8 @@ class Engine:
         for run_id in await self.store.runs_in_states([State.WAITING_HUMAN]):
             # A rejection decided just before a crash still has to reach its graph.
             decided = [
-                a for a in await self.store.list_approvals(run_id=run_id)
+                a
+                for a in await self.store.list_approvals(run_id=run_id)
                 if a.status in ("approved", "rejected")
             ]
             pending = await self.store.list_approvals(run_id=run_id, status="pending")

@@ -72,9 +72,7 @@ CODES: dict[Code, CodeInfo] = {
     C.TOOL_OUTCOME_UNKNOWN: CodeInfo("A side effect may or may not have happened", R.HUMAN, 409),
     C.TOOL_FAILED: CodeInfo("Tool failed unexpectedly", R.NONE, 500),
     C.PLANNER_ERROR: CodeInfo("The planner failed", R.NONE, 500, Trigger.PLAN_ERROR),
-    C.RUN_BUDGET_EXCEEDED: CodeInfo(
-        "Run budget exhausted", R.HUMAN, 429, Trigger.BUDGET_EXCEEDED
-    ),
+    C.RUN_BUDGET_EXCEEDED: CodeInfo("Run budget exhausted", R.HUMAN, 429, Trigger.BUDGET_EXCEEDED),
     C.RUN_CANCELLED: CodeInfo("Run cancelled", R.COMPENSATE, 409, Trigger.CANCEL),
     C.APPROVAL_REJECTED: CodeInfo("A human rejected the action", R.NONE, 409, Trigger.REJECTED),
     C.CHECKPOINT_ERROR: CodeInfo("State cannot be persisted", R.RESUME, 503),

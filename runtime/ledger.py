@@ -44,22 +44,41 @@ class StoreArtifacts:
         from runtime.model import Artifact
 
         artifact = Artifact(
-            artifact_id=artifact_id(content), media_type=media_type, size=len(content),
-            name=name, run_id=self.run_id, created_at=utcnow(),
+            artifact_id=artifact_id(content),
+            media_type=media_type,
+            size=len(content),
+            name=name,
+            run_id=self.run_id,
+            created_at=utcnow(),
         )
         return await self.store.put_artifact(artifact, content)
 
 
 def new_ledger_row(
-    run_id: str, step_index: int, call_index: int, tool_call_id: str, spec: ToolSpec,
-    args: dict[str, Any], args_hash: str,
+    run_id: str,
+    step_index: int,
+    call_index: int,
+    tool_call_id: str,
+    spec: ToolSpec,
+    args: dict[str, Any],
+    args_hash: str,
 ) -> ToolCall:
     now = utcnow()
     return ToolCall(
-        tool_call_id=tool_call_id, run_id=run_id, step_index=step_index, call_index=call_index,
-        tool=spec.name, version=spec.version, args=args, args_hash=args_hash, status="running",
-        idempotency_key=idempotency_key(tool_call_id), attempts=0,
-        side_effect=spec.side_effect, created_at=now, updated_at=now,
+        tool_call_id=tool_call_id,
+        run_id=run_id,
+        step_index=step_index,
+        call_index=call_index,
+        tool=spec.name,
+        version=spec.version,
+        args=args,
+        args_hash=args_hash,
+        status="running",
+        idempotency_key=idempotency_key(tool_call_id),
+        attempts=0,
+        side_effect=spec.side_effect,
+        created_at=now,
+        updated_at=now,
     )
 
 
@@ -100,8 +119,13 @@ async def _run_handler(
 
 
 async def _finish(
-    store: RunStore, row: ToolCall, status: str, output: Any, error: dict[str, Any] | None,
-    attempts: int, artifacts: ArtifactSink,
+    store: RunStore,
+    row: ToolCall,
+    status: str,
+    output: Any,
+    error: dict[str, Any] | None,
+    attempts: int,
+    artifacts: ArtifactSink,
 ) -> ToolCall:
     artifact_ref = None
     if output is not None:
@@ -109,22 +133,33 @@ async def _finish(
         if len(encoded) > INLINE_OUTPUT_BYTES:
             art = await artifacts.put(encoded, "application/json", f"{row.tool}-output.json")
             artifact_ref = art.artifact_id
-            output = {"artifact_id": art.artifact_id, "size": len(encoded),
-                      "preview": summarize(output)}
+            output = {
+                "artifact_id": art.artifact_id,
+                "size": len(encoded),
+                "preview": summarize(output),
+            }
         elif isinstance(output, dict) and "artifact_id" in output:
             artifact_ref = output["artifact_id"]
-    preview = row.model_copy(update={"status": status, "output": output, "error": error,
-                                     "artifact_id": artifact_ref})
+    preview = row.model_copy(
+        update={"status": status, "output": output, "error": error, "artifact_id": artifact_ref}
+    )
     return await store.update_tool_call(
         row.tool_call_id,
         result=result_event(preview),
-        status=status, output=output, error=error, artifact_id=artifact_ref,
+        status=status,
+        output=output,
+        error=error,
+        artifact_id=artifact_ref,
         attempts=row.attempts + attempts,
     )
 
 
 async def execute_once(
-    store: RunStore, spec: ToolSpec, row: ToolCall, args: BaseModel, tctx: ToolContext,
+    store: RunStore,
+    spec: ToolSpec,
+    row: ToolCall,
+    args: BaseModel,
+    tctx: ToolContext,
     action: dict[str, Any],
 ) -> ToolCall:
     """Run the call described by ``row`` unless the ledger says it already ran."""
@@ -142,19 +177,23 @@ async def execute_once(
                 current.tool_call_id,
                 result=result_event(current.model_copy(update={"status": "unknown"})),
                 status="unknown",
-                error={"code": Code.TOOL_OUTCOME_UNKNOWN,
-                       "message": "process stopped during a non-idempotent call"},
+                error={
+                    "code": Code.TOOL_OUTCOME_UNKNOWN,
+                    "message": "process stopped during a non-idempotent call",
+                },
             )
-    # Count the attempt before running, so a crash mid-call is visible on restart.
-    current = await store.update_tool_call(current.tool_call_id, attempts=current.attempts + 1)
     try:
+        # Count the attempt before running, so a crash mid-call is visible on restart.
+        current = await store.update_tool_call(current.tool_call_id, attempts=current.attempts + 1)
         status, output, error, attempts = await _run_handler(spec, args, tctx)
     except asyncio.CancelledError:
-        await asyncio.shield(store.update_tool_call(
-            current.tool_call_id,
-            result=result_event(current.model_copy(update={"status": "cancelled"})),
-            status="cancelled",
-            error={"code": Code.RUN_CANCELLED, "message": "cancelled while running"},
-        ))
+        await asyncio.shield(
+            store.update_tool_call(
+                current.tool_call_id,
+                result=result_event(current.model_copy(update={"status": "cancelled"})),
+                status="cancelled",
+                error={"code": Code.RUN_CANCELLED, "message": "cancelled while running"},
+            )
+        )
         raise
     return await _finish(store, current, status, output, error, attempts - 1, tctx.artifacts)

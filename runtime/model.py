@@ -167,6 +167,7 @@ class ToolCall(BaseModel):
 
 
 ApprovalStatus = Literal["pending", "approved", "rejected", "expired"]
+ApprovalDecision = Literal["approved", "rejected", "expired"]
 
 
 class Approval(BaseModel):

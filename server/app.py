@@ -34,8 +34,13 @@ def create_app(
         bus = EventBus()
         backend.store.add_listener(bus.publish)
         hosted = dict(agents) if agents is not None else load_agents(settings)
-        engine = Engine(backend.store, backend.checkpointer, hosted,
-                        default_agent=settings.default_agent, maxima=settings.maxima())
+        engine = Engine(
+            backend.store,
+            backend.checkpointer,
+            hosted,
+            default_agent=settings.default_agent,
+            maxima=settings.maxima(),
+        )
         app.state.services = Services(settings, backend.store, engine, bus)
         resumed = await engine.recover()
         if resumed:
@@ -59,7 +64,8 @@ def create_app(
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
             return problems.problem_response(
-                Code.PAYLOAD_TOO_LARGE, f"body over {settings.max_body_bytes} bytes",
+                Code.PAYLOAD_TOO_LARGE,
+                f"body over {settings.max_body_bytes} bytes",
                 instance=request.url.path,
             )
         response: Response = await call_next(request)  # type: ignore[operator]

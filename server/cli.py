@@ -19,12 +19,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "serve":
         settings = Settings()
-        logging.basicConfig(level=settings.log_level.upper(),
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=settings.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
         from server.app import create_app
 
-        uvicorn.run(create_app(settings), host=args.host, port=args.port,
-                    log_level=settings.log_level, timeout_graceful_shutdown=10)
+        uvicorn.run(
+            create_app(settings),
+            host=args.host,
+            port=args.port,
+            log_level=settings.log_level,
+            timeout_graceful_shutdown=10,
+        )
 
 
 if __name__ == "__main__":

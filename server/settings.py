@@ -43,7 +43,10 @@ class Settings(BaseSettings):
 
     def maxima(self) -> Maxima:
         return Maxima(
-            max_steps=self.max_steps, max_llm_calls=self.max_llm_calls,
-            max_tool_calls=self.max_tool_calls, max_tokens=self.max_tokens,
-            max_cost_usd=self.max_cost_usd, timeout_s=self.max_timeout_s,
+            max_steps=self.max_steps,
+            max_llm_calls=self.max_llm_calls,
+            max_tool_calls=self.max_tool_calls,
+            max_tokens=self.max_tokens,
+            max_cost_usd=self.max_cost_usd,
+            timeout_s=self.max_timeout_s,
         )

@@ -65,13 +65,22 @@ def build_tools(data_dir: Path) -> ToolRegistry:
             fh.write(f"{ctx.tool_call_id}\n")
         raise ToolUnavailable("upstream is down")
 
-    return ToolRegistry([
-        ToolSpec("echo", "1", "Repeat text n times.", EchoArgs, echo),
-        ToolSpec("counter", "1", "Append a line (non-idempotent side effect).", CounterArgs,
-                 counter, side_effect=True, idempotent=False),
-        ToolSpec("sleep", "1", "Sleep (idempotent).", SleepArgs, sleep, timeout_s=60),
-        ToolSpec("flaky", "1", "Always unavailable.", SleepArgs, flaky, max_attempts=3),
-    ])
+    return ToolRegistry(
+        [
+            ToolSpec("echo", "1", "Repeat text n times.", EchoArgs, echo),
+            ToolSpec(
+                "counter",
+                "1",
+                "Append a line (non-idempotent side effect).",
+                CounterArgs,
+                counter,
+                side_effect=True,
+                idempotent=False,
+            ),
+            ToolSpec("sleep", "1", "Sleep (idempotent).", SleepArgs, sleep, timeout_s=60),
+            ToolSpec("flaky", "1", "Always unavailable.", SleepArgs, flaky, max_attempts=3),
+        ]
+    )
 
 
 Script = Callable[[PlannerView], Decision]
@@ -86,8 +95,11 @@ class ScriptPlanner:
 
 
 def call(tool: str, **args: object) -> Decision:
-    return Decision(kind="tool_calls", summary=f"call {tool}",
-                    tool_calls=[ProposedCall(tool=tool, args=dict(args))])
+    return Decision(
+        kind="tool_calls",
+        summary=f"call {tool}",
+        tool_calls=[ProposedCall(tool=tool, args=dict(args))],
+    )
 
 
 def finish(answer: str) -> Decision:
@@ -147,8 +159,11 @@ SCRIPTS: dict[str, Script] = {
 def build_agents(settings: Settings) -> list[AgentSpec]:
     tools = build_tools(settings.data_dir)
     return [
-        AgentSpec(agent_id=name, description=script.__doc__ or name,
-                  builder=build_run_graph(ScriptPlanner(script), tools, DefaultPolicy()),
-                  tools=tools)
+        AgentSpec(
+            agent_id=name,
+            description=script.__doc__ or name,
+            builder=build_run_graph(ScriptPlanner(script), tools, DefaultPolicy()),
+            tools=tools,
+        )
         for name, script in SCRIPTS.items()
     ]

@@ -11,9 +11,7 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-PG_URL = os.environ.get(
-    "AGENT_RUNTIME_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"
-)
+PG_URL = os.environ.get("AGENT_RUNTIME_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 @pytest.fixture(scope="session")

@@ -14,13 +14,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from enum import Enum
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger, transition
 from runtime.model import (
     Approval,
+    ApprovalDecision,
     Artifact,
     Event,
     Run,
@@ -34,13 +35,39 @@ Row = dict[str, Any]
 EventListener = Callable[[str, int], None]
 
 _JSON_COLUMNS = {
-    "context", "options", "usage", "limits", "pending_approval", "result", "outcome",
-    "decision", "args", "output", "error", "data",
+    "context",
+    "options",
+    "usage",
+    "limits",
+    "pending_approval",
+    "result",
+    "outcome",
+    "decision",
+    "args",
+    "output",
+    "error",
+    "data",
 }
 _RUN_COLUMNS = (
-    "run_id", "agent_id", "tenant_id", "user_id", "input", "context", "options", "state",
-    "step_index", "usage", "limits", "pending_approval", "result", "outcome",
-    "idempotency_key", "request_hash", "created_at", "updated_at", "ended_at",
+    "run_id",
+    "agent_id",
+    "tenant_id",
+    "user_id",
+    "input",
+    "context",
+    "options",
+    "state",
+    "step_index",
+    "usage",
+    "limits",
+    "pending_approval",
+    "result",
+    "outcome",
+    "idempotency_key",
+    "request_hash",
+    "created_at",
+    "updated_at",
+    "ended_at",
 )
 
 
@@ -119,9 +146,7 @@ class RunStore(ABC):
 
     async def migrate(self) -> None:
         async with self.tx() as tx:
-            await tx.execute(
-                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
-            )
+            await tx.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = await tx.fetchone("SELECT MAX(version) AS v FROM schema_version")
             current = (row or {}).get("v") or 0
             for version, statements in enumerate(MIGRATIONS, start=1):
@@ -160,7 +185,8 @@ class RunStore(ABC):
             raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
         seq = int(row["last_seq"])
         await tx.execute(
-            "INSERT INTO events (run_id, seq, type, ts, data, dedupe_key) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO events (run_id, seq, type, ts, data, dedupe_key) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
             (run_id, seq, type_.value, _ts(), _enc(data), dedupe_key),
         )
         out.append((run_id, seq))
@@ -204,8 +230,11 @@ class RunStore(ABC):
                 [_enc(values[c]) for c in _RUN_COLUMNS],
             )
             await self._append(
-                tx, run.run_id, EventType.STATE,
-                {"from": None, "to": run.state.value, "trigger": "create"}, appended,
+                tx,
+                run.run_id,
+                EventType.STATE,
+                {"from": None, "to": run.state.value, "trigger": "create"},
+                appended,
             )
         self._notify(appended)
         return run, True
@@ -231,7 +260,7 @@ class RunStore(ABC):
             where.append("agent_id = ?")
             params.append(agent_id)
         if cursor:
-            created, run_id = (decode_cursor(cursor) + ["", ""])[:2]
+            created, run_id = [*decode_cursor(cursor), "", ""][:2]
             where.append("(created_at < ? OR (created_at = ? AND run_id < ?))")
             params += [created, created, run_id]
         async with self.tx() as tx:
@@ -304,8 +333,11 @@ class RunStore(ABC):
             fields = {**fields, "ended_at": utcnow()}
         await self._update_run(tx, run_id, state=target, **fields)
         await self._append(
-            tx, run_id, EventType.STATE,
-            {"from": current.value, "to": target.value, "trigger": trigger.value}, appended,
+            tx,
+            run_id,
+            EventType.STATE,
+            {"from": current.value, "to": target.value, "trigger": trigger.value},
+            appended,
         )
 
     async def update_run(self, run_id: str, **fields: Any) -> None:
@@ -329,9 +361,7 @@ class RunStore(ABC):
 
     async def cancel_requested(self, run_id: str) -> str | None:
         async with self.tx() as tx:
-            row = await tx.fetchone(
-                "SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,)
-            )
+            row = await tx.fetchone("SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,))
         return row["cancel_requested"] if row else None
 
     async def append_event(
@@ -367,8 +397,13 @@ class RunStore(ABC):
             await tx.execute(
                 "INSERT INTO steps (run_id, step_index, decision, started_at, ended_at) "
                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (step.run_id, step.step_index, _enc(step.decision), _enc(step.started_at),
-                 _enc(step.ended_at)),
+                (
+                    step.run_id,
+                    step.step_index,
+                    _enc(step.decision),
+                    _enc(step.started_at),
+                    _enc(step.ended_at),
+                ),
             )
         stored = await self.get_step(step.run_id, step.step_index)
         assert stored is not None
@@ -484,9 +519,7 @@ class RunStore(ABC):
 
     async def get_approval(self, approval_id: str) -> Approval | None:
         async with self.tx() as tx:
-            row = await tx.fetchone(
-                "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,)
-            )
+            row = await tx.fetchone("SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
         return Approval.model_validate(_dec(row)) if row else None
 
     async def list_approvals(
@@ -510,7 +543,7 @@ class RunStore(ABC):
     async def decide_approval(
         self,
         approval_id: str,
-        decision: Literal["approved", "rejected", "expired"],
+        decision: ApprovalDecision,
         *,
         decided_by: str,
         comment: str | None,
@@ -538,15 +571,27 @@ class RunStore(ABC):
                     (decision, decided_by, comment, now, approval_id),
                 )
                 await self._append(
-                    tx, row["run_id"], EventType.APPROVAL_RESULT,
-                    {"approval_id": approval_id, "tool_call_id": row["tool_call_id"],
-                     "decision": decision, "decided_by": decided_by, "comment": comment},
+                    tx,
+                    row["run_id"],
+                    EventType.APPROVAL_RESULT,
+                    {
+                        "approval_id": approval_id,
+                        "tool_call_id": row["tool_call_id"],
+                        "decision": decision,
+                        "decided_by": decided_by,
+                        "comment": comment,
+                    },
                     appended,
                 )
                 if run_trigger is not None:
                     await self._transition(
-                        tx, row["run_id"], run_trigger, State.WAITING_HUMAN, (),
-                        run_fields or {}, appended,
+                        tx,
+                        row["run_id"],
+                        run_trigger,
+                        State.WAITING_HUMAN,
+                        (),
+                        run_fields or {},
+                        appended,
                     )
                 row = await tx.fetchone(
                     "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,)
@@ -568,13 +613,23 @@ class RunStore(ABC):
                 await tx.execute(
                     "INSERT INTO artifacts (artifact_id, media_type, size, name, run_id, "
                     "created_at, content) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (artifact.artifact_id, artifact.media_type, artifact.size, artifact.name,
-                     artifact.run_id, _enc(artifact.created_at), content),
+                    (
+                        artifact.artifact_id,
+                        artifact.media_type,
+                        artifact.size,
+                        artifact.name,
+                        artifact.run_id,
+                        _enc(artifact.created_at),
+                        content,
+                    ),
                 )
             if artifact.run_id is not None:
                 await self._append(
-                    tx, artifact.run_id, EventType.ARTIFACT,
-                    artifact.model_dump(mode="json", exclude={"run_id"}), appended,
+                    tx,
+                    artifact.run_id,
+                    EventType.ARTIFACT,
+                    artifact.model_dump(mode="json", exclude={"run_id"}),
+                    appended,
                     dedupe_key=f"artifact:{artifact.artifact_id}",
                 )
         self._notify(appended)
@@ -589,9 +644,7 @@ class RunStore(ABC):
 
     async def get_artifact(self, artifact_id: str) -> tuple[Artifact, bytes] | None:
         async with self.tx() as tx:
-            row = await tx.fetchone(
-                "SELECT * FROM artifacts WHERE artifact_id = ?", (artifact_id,)
-            )
+            row = await tx.fetchone("SELECT * FROM artifacts WHERE artifact_id = ?", (artifact_id,))
         if row is None:
             return None
         content = bytes(row.pop("content") or b"")

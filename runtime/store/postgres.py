@@ -42,7 +42,11 @@ class _PgTx:
 
 async def open_pool(url: str, max_size: int = 10) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
     pool: AsyncConnectionPool[AsyncConnection[DictRow]] = AsyncConnectionPool(
-        url, min_size=1, max_size=max_size, kwargs=CONNECTION_KWARGS, open=False,
+        url,
+        min_size=1,
+        max_size=max_size,
+        kwargs=CONNECTION_KWARGS,
+        open=False,
         connection_class=AsyncConnection[DictRow],
     )
     await pool.open(wait=True, timeout=10)

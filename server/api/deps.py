@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from runtime.engine import Engine
-from runtime.eventbus import EventBus
 from runtime.errors import Code, RuntimeProblem
+from runtime.eventbus import EventBus
 from runtime.model import Run
 from runtime.store.base import RunStore
 from server.settings import Settings

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,8 +18,12 @@ log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
 
 _HTTP_CODES = {
-    404: Code.NOT_FOUND, 405: Code.METHOD_NOT_ALLOWED, 406: Code.NOT_ACCEPTABLE,
-    413: Code.PAYLOAD_TOO_LARGE, 422: Code.VALIDATION_ERROR, 400: Code.VALIDATION_ERROR,
+    404: Code.NOT_FOUND,
+    405: Code.METHOD_NOT_ALLOWED,
+    406: Code.NOT_ACCEPTABLE,
+    413: Code.PAYLOAD_TOO_LARGE,
+    422: Code.VALIDATION_ERROR,
+    400: Code.VALIDATION_ERROR,
 }
 
 
@@ -41,23 +46,30 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def problem_response(
-    code: Code, detail: str, *, instance: str | None = None, status: int | None = None,
-    **extra: Any,
+    code: Code,
+    detail: str,
+    *,
+    instance: str | None = None,
+    status: int | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> JSONResponse:
     info = CODES[code]
     body = Problem(
         type=f"https://agent-runtime.dev/problems/{code.value.lower().replace('_', '-')}",
-        title=info.title, status=status or info.http_status, detail=detail, code=code.value,
+        title=info.title,
+        status=status or info.http_status,
+        detail=detail,
+        code=code.value,
         instance=instance,
     ).model_dump(exclude_none=True)
-    body.update({k: v for k, v in extra.items() if v is not None})
+    body.update({k: v for k, v in (extra or {}).items() if v is not None})
     return JSONResponse(body, status_code=status or info.http_status, media_type=PROBLEM_JSON)
 
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(RuntimeProblem)
     async def runtime_problem(request: Request, exc: RuntimeProblem) -> JSONResponse:
-        return problem_response(exc.code, exc.message, instance=request.url.path, **exc.extra)
+        return problem_response(exc.code, exc.message, instance=request.url.path, extra=exc.extra)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -66,14 +78,19 @@ def install(app: FastAPI) -> None:
             for e in exc.errors()
         ]
         detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors)
-        return problem_response(Code.VALIDATION_ERROR, detail or "invalid request",
-                                instance=request.url.path, errors=errors)
+        return problem_response(
+            Code.VALIDATION_ERROR,
+            detail or "invalid request",
+            instance=request.url.path,
+            extra={"errors": errors},
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, Code.INTERNAL_ERROR)
-        return problem_response(code, str(exc.detail), instance=request.url.path,
-                                status=exc.status_code)
+        return problem_response(
+            code, str(exc.detail), instance=request.url.path, status=exc.status_code
+        )
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

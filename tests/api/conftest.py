@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from runtime.engine import Engine
+from server.api.deps import Services
 from server.app import create_app
 from server.settings import Settings
 
@@ -20,11 +22,14 @@ class Api:
     client: httpx.AsyncClient
     engine: Engine
     settings: Settings
+    engine_services: Services
 
     async def create(self, **body: Any) -> dict[str, Any]:
         body.setdefault("input", "上周华东区销售下滑的主要 SKU 是什么？")
-        body.setdefault("context", {"user_id": "u-ops-001", "tenant_id": "demo-retail",
-                                    "scope": ["sales_region:east"]})
+        body.setdefault(
+            "context",
+            {"user_id": "u-ops-001", "tenant_id": "demo-retail", "scope": ["sales_region:east"]},
+        )
         resp = await self.client.post("/runs", json=body)
         assert resp.status_code == 201, resp.text
         run: dict[str, Any] = resp.json()
@@ -39,15 +44,31 @@ class Api:
         return run
 
     async def events(self, run_id: str) -> list[dict[str, Any]]:
-        resp = await self.client.get(f"/runs/{run_id}/events",
-                                     headers={"Accept": "application/json"})
+        resp = await self.client.get(
+            f"/runs/{run_id}/events", headers={"Accept": "application/json"}
+        )
         assert resp.status_code == 200, resp.text
         events: list[dict[str, Any]] = resp.json()
         return events
 
+    async def wait_event(
+        self, run_id: str, predicate: Callable[[dict[str, Any]], bool]
+    ) -> dict[str, Any]:
+        """Wait for the first event of the run that matches, woken by the event bus."""
+        services = self.engine_services
+        with services.bus.subscribe(run_id) as waiter:
+            while True:
+                waiter.clear()
+                for event in await self.events(run_id):
+                    if predicate(event):
+                        return event
+                await asyncio.wait_for(waiter.wait(), 30)
+
     async def decide(self, run_id: str, approval_id: str, decision: str) -> httpx.Response:
-        return await self.client.post(f"/runs/{run_id}/approvals/{approval_id}",
-                                      json={"decision": decision, "decided_by": "u-mgr-002"})
+        return await self.client.post(
+            f"/runs/{run_id}/approvals/{approval_id}",
+            json={"decision": decision, "decided_by": "u-mgr-002"},
+        )
 
 
 def states(events: list[dict[str, Any]]) -> list[str]:
@@ -56,8 +77,9 @@ def states(events: list[dict[str, Any]]) -> list[str]:
 
 @pytest.fixture
 def settings(database_url: str, data_dir: Path) -> Settings:
-    return Settings(data_dir=data_dir, database_url=database_url,
-                    extra_agents=["tests.agents:build_agents"])
+    return Settings(
+        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
+    )
 
 
 @pytest.fixture
@@ -66,4 +88,5 @@ async def api(settings: Settings) -> AsyncIterator[Api]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Api(client, app.state.services.engine, settings)
+            services = app.state.services
+            yield Api(client, services.engine, settings, services)

@@ -29,10 +29,18 @@ async def test_1_normal_run_reaches_succeeded_and_the_stream_shows_it(api: Api) 
     events = await api.events(run_id)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert states(events) == [
-        "pending", "planning", "executing",  # query_sales
-        "planning", "executing",  # write_report
-        "planning", "executing", "waiting_human", "executing",  # publish_report, approved
-        "planning", "executing", "succeeded",  # finish and the terminal check
+        "pending",
+        "planning",
+        "executing",  # query_sales
+        "planning",
+        "executing",  # write_report
+        "planning",
+        "executing",
+        "waiting_human",
+        "executing",  # publish_report, approved
+        "planning",
+        "executing",
+        "succeeded",  # finish and the terminal check
     ]
     types = [e["type"] for e in events]
     for kind in ("action", "result", "artifact", "approval_request", "approval_result"):
@@ -48,9 +56,10 @@ async def test_1_normal_run_reaches_succeeded_and_the_stream_shows_it(api: Api) 
 
 
 async def test_1_english_question_other_region_needs_its_scope(api: Api) -> None:
-    run = await api.create(input="Which SKUs drove last week's sales drop in the north region?",
-                           context={"user_id": "u1", "tenant_id": "t1",
-                                    "scope": ["sales_region:east"]})
+    run = await api.create(
+        input="Which SKUs drove last week's sales drop in the north region?",
+        context={"user_id": "u1", "tenant_id": "t1", "scope": ["sales_region:east"]},
+    )
     final = await api.settle(run["run_id"])
     assert final["state"] == "failed"
     assert final["outcome"]["code"] == "POLICY_DENIED"
@@ -86,8 +95,9 @@ async def test_4_approve_resumes_the_same_run_reject_fails_it(api: Api) -> None:
     approved = await park(api)
     rejected = await park(api)
     await api.decide(approved["run_id"], approved["pending_approval"]["approval_id"], "approve")
-    resp = await api.decide(rejected["run_id"], rejected["pending_approval"]["approval_id"],
-                            "reject")
+    resp = await api.decide(
+        rejected["run_id"], rejected["pending_approval"]["approval_id"], "reject"
+    )
     assert resp.status_code == 202 and resp.json()["status"] == "rejected"
     ok, no = await api.settle(approved["run_id"]), await api.settle(rejected["run_id"])
     assert ok["run_id"] == approved["run_id"] and ok["state"] == "succeeded"
@@ -100,8 +110,9 @@ async def test_4_approve_resumes_the_same_run_reject_fails_it(api: Api) -> None:
 async def test_5_duplicate_and_concurrent_approval_callbacks_have_one_effect(api: Api) -> None:
     parked = await park(api)
     run_id, approval_id = parked["run_id"], parked["pending_approval"]["approval_id"]
-    responses = await asyncio.gather(*(api.decide(run_id, approval_id, "approve")
-                                       for _ in range(10)))
+    responses = await asyncio.gather(
+        *(api.decide(run_id, approval_id, "approve") for _ in range(10))
+    )
     codes = sorted(r.status_code for r in responses)
     assert codes == [200] * 9 + [202]
     final = await api.settle(run_id)
@@ -112,19 +123,21 @@ async def test_5_duplicate_and_concurrent_approval_callbacks_have_one_effect(api
     assert conflict.status_code == 409 and conflict.json()["code"] == "APPROVAL_CONFLICT"
     rows = outbox_rows(api.settings.resolved_demo_db)
     assert len(rows) == 1
-    publish = [t for t in (await api.client.get(f"/runs/{run_id}/tool-calls")).json()
-               if t["tool"] == "publish_report"][0]
+    calls = (await api.client.get(f"/runs/{run_id}/tool-calls")).json()
+    publish = next(t for t in calls if t["tool"] == "publish_report")
     assert rows[0]["idempotency_key"] == publish["idempotency_key"]
     assert publish["attempts"] == 1
 
 
 async def test_7_budget_cancellation_and_unrecoverable_errors_end_failed(api: Api) -> None:
-    tool_budget = await api.create(agent_id="typo_fixer", input="x",
-                                   options={"budget": {"max_tool_calls": 0}})
+    tool_budget = await api.create(
+        agent_id="typo_fixer", input="x", options={"budget": {"max_tool_calls": 0}}
+    )
     broken = await api.create(agent_id="broken", input="x")
     parked = await park(api)
-    cancelled = await api.client.post(f"/runs/{parked['run_id']}/cancel",
-                                      json={"reason": "user closed the task"})
+    cancelled = await api.client.post(
+        f"/runs/{parked['run_id']}/cancel", json={"reason": "user closed the task"}
+    )
     assert cancelled.status_code == 200, cancelled.text
 
     over = await api.settle(tool_budget["run_id"])
@@ -140,11 +153,11 @@ async def test_7_budget_cancellation_and_unrecoverable_errors_end_failed(api: Ap
     assert gone["state"] == "failed" and gone["outcome"]["code"] == "RUN_CANCELLED"
     assert gone["outcome"]["message"] == "user closed the task"
     assert gone["pending_approval"] is None
-    approval = (await api.client.get("/approvals", params={
-        "state": "expired", "run_id": parked["run_id"]})).json()
+    approval = (
+        await api.client.get("/approvals", params={"state": "expired", "run_id": parked["run_id"]})
+    ).json()
     assert len(approval) == 1
-    late = await api.decide(parked["run_id"], parked["pending_approval"]["approval_id"],
-                            "approve")
+    late = await api.decide(parked["run_id"], parked["pending_approval"]["approval_id"], "approve")
     assert late.status_code == 409
     assert count_outbox(api.settings.resolved_demo_db) == 0
 
@@ -152,8 +165,7 @@ async def test_7_budget_cancellation_and_unrecoverable_errors_end_failed(api: Ap
 async def test_7_cancel_while_a_tool_runs_records_side_effects_and_compensates(api: Api) -> None:
     run = await api.create(agent_id="slow_worker", input="sleep 30")
     run_id = run["run_id"]
-    while not (api.settings.data_dir / "sleep.log").exists():
-        await asyncio.sleep(0.01)  # wait for the sleep tool to be running
+    await api.wait_event(run_id, lambda e: e["type"] == "action" and e["data"]["tool"] == "sleep")
     resp = await api.client.post(f"/runs/{run_id}/cancel", json={"reason": "stop"})
     final = resp.json()
     assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
@@ -167,8 +179,9 @@ async def test_7_cancel_while_a_tool_runs_records_side_effects_and_compensates(a
 
 
 async def test_7_active_time_budget_stops_a_hanging_tool(api: Api) -> None:
-    run = await api.create(agent_id="slow_worker", input="sleep 30",
-                           options={"budget": {"timeout_s": 0.5}})
+    run = await api.create(
+        agent_id="slow_worker", input="sleep 30", options={"budget": {"timeout_s": 0.5}}
+    )
     final = await api.settle(run["run_id"])
     assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
     assert "timeout_s" in final["outcome"]["message"]

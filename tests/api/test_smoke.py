@@ -8,5 +8,13 @@ async def test_typo_fixer_runs_to_success(api: Api) -> None:
     final = await api.settle(run["run_id"])
     assert final["state"] == "succeeded", final
     events = await api.events(run["run_id"])
-    assert states(events) == ["pending", "planning", "executing", "planning", "executing",
-                              "planning", "executing", "succeeded"]
+    assert states(events) == [
+        "pending",
+        "planning",
+        "executing",
+        "planning",
+        "executing",
+        "planning",
+        "executing",
+        "succeeded",
+    ]

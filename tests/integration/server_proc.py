@@ -52,7 +52,10 @@ class ServerProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server.cli", "serve", "--port", str(self.port)],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -84,16 +87,20 @@ class ServerProcess:
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=30)
 
-    def follow(self, run_id: str, until: Any, after: int = 0, timeout: float = 60) -> list[
-        dict[str, Any]
-    ]:
+    def follow(
+        self, run_id: str, until: Any, after: int = 0, timeout: float = 60
+    ) -> list[dict[str, Any]]:
         """Read the SSE stream until ``until(event)`` is true; returns the events read."""
         import json
 
         events: list[dict[str, Any]] = []
         headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
-        with httpx.stream("GET", f"{self.base_url}/runs/{run_id}/events", headers=headers,
-                          timeout=httpx.Timeout(timeout)) as resp:
+        with httpx.stream(
+            "GET",
+            f"{self.base_url}/runs/{run_id}/events",
+            headers=headers,
+            timeout=httpx.Timeout(timeout),
+        ) as resp:
             resp.raise_for_status()
             for line in resp.iter_lines():
                 if line.startswith("data: "):

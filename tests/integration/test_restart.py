@@ -12,8 +12,9 @@ EAST = {"user_id": "u-ops-001", "tenant_id": "demo-retail", "scope": ["sales_reg
 def test_waiting_human_survives_sigkill_and_resumes_on_approval(server: ServerProcess) -> None:
     server.start()
     with server.client() as http:
-        run = http.post("/runs", json={"input": "上周华东区销售下滑的主要 SKU 是什么？",
-                                       "context": EAST}).json()
+        run = http.post(
+            "/runs", json={"input": "上周华东区销售下滑的主要 SKU 是什么？", "context": EAST}
+        ).json()
         run_id = run["run_id"]
         server.follow(run_id, state_is("waiting_human"))
         approval_id = http.get(f"/runs/{run_id}").json()["pending_approval"]["approval_id"]
@@ -26,17 +27,23 @@ def test_waiting_human_survives_sigkill_and_resumes_on_approval(server: ServerPr
         assert after["pending_approval"]["approval_id"] == approval_id
         inbox = http.get("/approvals", params={"state": "pending"}).json()
         assert [a["approval_id"] for a in inbox] == [approval_id]
-        last_seq = http.get(f"/runs/{run_id}/events",
-                            headers={"Accept": "application/json"}).json()[-1]["seq"]
-        resp = http.post(f"/runs/{run_id}/approvals/{approval_id}",
-                         json={"decision": "approve", "decided_by": "u-mgr-002"})
+        last_seq = http.get(
+            f"/runs/{run_id}/events", headers={"Accept": "application/json"}
+        ).json()[-1]["seq"]
+        resp = http.post(
+            f"/runs/{run_id}/approvals/{approval_id}",
+            json={"decision": "approve", "decided_by": "u-mgr-002"},
+        )
         assert resp.status_code == 202, resp.text
         tail = server.follow(run_id, state_is("succeeded", "failed"), after=last_seq)
-        assert [e["type"] for e in tail][0] == "approval_result"
+        assert tail[0]["type"] == "approval_result"
         final = http.get(f"/runs/{run_id}").json()
         assert final["run_id"] == run_id and final["state"] == "succeeded", final
-        publishes = [t for t in http.get(f"/runs/{run_id}/tool-calls").json()
-                     if t["tool"] == "publish_report"]
+        publishes = [
+            t
+            for t in http.get(f"/runs/{run_id}/tool-calls").json()
+            if t["tool"] == "publish_report"
+        ]
         assert len(publishes) == 1 and publishes[0]["status"] == "succeeded"
     from tools.retail import count_outbox
 

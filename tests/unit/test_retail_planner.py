@@ -16,29 +16,70 @@ ZH = "上周华东区销售下滑的主要 SKU 是什么？"
 EN = "Which SKUs drove last week's sales drop in the east region?"
 ART = "sha256:" + "b" * 64
 FINDINGS: dict[str, Any] = {
-    "region": "east", "week_start": "2026-11-16", "prior_week_start": "2026-11-09",
-    "total_last": 900.0, "total_prior": 1000.0, "change_pct": -10.0,
+    "region": "east",
+    "week_start": "2026-11-16",
+    "prior_week_start": "2026-11-09",
+    "total_last": 900.0,
+    "total_prior": 1000.0,
+    "change_pct": -10.0,
     "top_decliners": [
-        {"sku": "SKU-1008", "name": "Olive Oil", "last": 45.0, "prior": 100.0,
-         "delta": -55.0, "change_pct": -55.0},
-        {"sku": "SKU-1014", "name": "Cold Brew", "last": 60.0, "prior": 100.0,
-         "delta": -40.0, "change_pct": -40.0},
-        {"sku": "SKU-1007", "name": "Rice", "last": 98.0, "prior": 100.0,
-         "delta": -2.0, "change_pct": -2.0},
+        {
+            "sku": "SKU-1008",
+            "name": "Olive Oil",
+            "last": 45.0,
+            "prior": 100.0,
+            "delta": -55.0,
+            "change_pct": -55.0,
+        },
+        {
+            "sku": "SKU-1014",
+            "name": "Cold Brew",
+            "last": 60.0,
+            "prior": 100.0,
+            "delta": -40.0,
+            "change_pct": -40.0,
+        },
+        {
+            "sku": "SKU-1007",
+            "name": "Rice",
+            "last": 98.0,
+            "prior": 100.0,
+            "delta": -2.0,
+            "change_pct": -2.0,
+        },
     ],
 }
 
 
-def obs(tool: str, status: str = "succeeded", output: Any = None, error: str | None = None,
-        artifact: str | None = None, step: int = 0) -> Observation:
-    return Observation(step_index=step, tool_call_id=f"tc-{tool}-{step}", tool=tool,
-                       status=status, output=output, error=error, artifact_id=artifact)
+def obs(
+    tool: str,
+    status: str = "succeeded",
+    output: Any = None,
+    error: str | None = None,
+    artifact: str | None = None,
+    step: int = 0,
+) -> Observation:
+    return Observation(
+        step_index=step,
+        tool_call_id=f"tc-{tool}-{step}",
+        tool=tool,
+        status=status,
+        output=output,
+        error=error,
+        artifact_id=artifact,
+    )
 
 
-def view(text: str = EN, observations: list[Observation] | None = None,
-         context: RunContext | None = None) -> PlannerView:
-    return PlannerView(run_id="run-1", input=text, context=context or RunContext(),
-                       step_index=len(observations or []), observations=observations or [])
+def view(
+    text: str = EN, observations: list[Observation] | None = None, context: RunContext | None = None
+) -> PlannerView:
+    return PlannerView(
+        run_id="run-1",
+        input=text,
+        context=context or RunContext(),
+        step_index=len(observations or []),
+        observations=observations or [],
+    )
 
 
 async def step(v: PlannerView) -> Decision:
@@ -49,8 +90,14 @@ async def step(v: PlannerView) -> Decision:
 
 
 QUERIED = [obs("query_sales", output=FINDINGS)]
-REPORTED = [*QUERIED, obs("write_report", output={"artifact_id": ART, "size": 10,
-                                                   "media_type": "text/markdown"}, step=1)]
+REPORTED = [
+    *QUERIED,
+    obs(
+        "write_report",
+        output={"artifact_id": ART, "size": 10, "media_type": "text/markdown"},
+        step=1,
+    ),
+]
 
 
 async def test_first_step_queries_the_parsed_region() -> None:
@@ -59,15 +106,20 @@ async def test_first_step_queries_the_parsed_region() -> None:
     assert d.tool_calls[0].tool == "query_sales"
     assert d.tool_calls[0].args == {"region": "east", "top_n": 5}
     assert "east" in d.summary and "2026-11-16" in d.summary
-    for text, region in (("华北上周怎么样", "north"), ("South region sales?", "south"),
-                         ("华西区", "west"), (ZH, "east")):
+    for text, region in (
+        ("华北上周怎么样", "north"),
+        ("South region sales?", "south"),
+        ("华西区", "west"),
+        (ZH, "east"),
+    ):
         assert (await step(view(text))).tool_calls[0].args["region"] == region
 
 
 async def test_region_defaults_to_scope_then_east() -> None:
     ctx = RunContext(scope=["reports:write", "sales_region:west", "sales_region:north"])
-    assert (await step(view("Which SKUs fell?", context=ctx))).tool_calls[0].args["region"] \
-        == "west"
+    assert (await step(view("Which SKUs fell?", context=ctx))).tool_calls[0].args[
+        "region"
+    ] == "west"
     assert (await step(view("Which SKUs fell?"))).tool_calls[0].args["region"] == "east"
 
 
@@ -81,12 +133,18 @@ async def test_walks_query_report_publish_finish() -> None:
     d = await step(view(EN, REPORTED))
     call = d.tool_calls[0]
     assert call.tool == "publish_report"
-    assert call.args == {"artifact_id": ART, "channel": "email",
-                         "recipients": ["sales-ops@example.com"],
-                         "subject": "East region sales decline, week of 2026-11-16"}
+    assert call.args == {
+        "artifact_id": ART,
+        "channel": "email",
+        "recipients": ["sales-ops@example.com"],
+        "subject": "East region sales decline, week of 2026-11-16",
+    }
 
-    published = obs("publish_report", output={"outbox_id": 7, "status": "queued",
-                                              "idempotency_key": "idem-x"}, step=2)
+    published = obs(
+        "publish_report",
+        output={"outbox_id": 7, "status": "queued", "idempotency_key": "idem-x"},
+        step=2,
+    )
     d = await step(view(EN, [*REPORTED, published]))
     assert d.kind == "finish"
     assert d.answer is not None
@@ -114,16 +172,21 @@ async def test_corrects_an_invalid_argument() -> None:
     text = "Which SKUs dropped in the east in the week of 2026-11-18?"
     first = await step(view(text))
     assert first.tool_calls[0].args["week_start"] == "2026-11-18"
-    bad = obs("query_sales", "TOOL_ARGUMENT_INVALID",
-              error="week_start: Value error, week_start must be a Monday")
+    bad = obs(
+        "query_sales",
+        "TOOL_ARGUMENT_INVALID",
+        error="week_start: Value error, week_start must be a Monday",
+    )
     d = await step(view(text, [bad]))
     assert d.tool_calls[0].tool == "query_sales"
     assert d.tool_calls[0].args == {"region": "east", "top_n": 5}
 
 
 async def test_gives_up_after_repeated_invalid_arguments() -> None:
-    bad = [obs("query_sales", "TOOL_ARGUMENT_INVALID", error="args: nonsense", step=i)
-           for i in range(3)]
+    bad = [
+        obs("query_sales", "TOOL_ARGUMENT_INVALID", error="args: nonsense", step=i)
+        for i in range(3)
+    ]
     d = await step(view(EN, bad))
     assert d.kind == "finish" and d.answer is not None and "nonsense" in d.answer
 
@@ -162,8 +225,13 @@ async def test_chinese_question_gets_chinese_answer_and_title() -> None:
 
 class Sink:
     async def put(self, content: bytes, media_type: str, name: str) -> Artifact:
-        return Artifact(artifact_id=artifact_id(content), media_type=media_type,
-                        size=len(content), name=name, created_at=utcnow())
+        return Artifact(
+            artifact_id=artifact_id(content),
+            media_type=media_type,
+            size=len(content),
+            name=name,
+            created_at=utcnow(),
+        )
 
 
 async def test_drives_the_real_tools_to_an_answer(tmp_path: Path) -> None:
@@ -181,11 +249,17 @@ async def test_drives_the_real_tools_to_an_answer(tmp_path: Path) -> None:
         assert spec is not None
         args = spec.args_model.model_validate(proposed.args)
         assert all(s in ctx.scope for s in spec.required_scopes(args))
-        tctx = ToolContext(run_id="run-1", tool_call_id=f"tc-{index}",
-                           idempotency_key=f"idem-{index}", context=ctx, artifacts=Sink())
+        tctx = ToolContext(
+            run_id="run-1",
+            tool_call_id=f"tc-{index}",
+            idempotency_key=f"idem-{index}",
+            context=ctx,
+            artifacts=Sink(),
+        )
         output = await spec.handler(args, tctx)
-        observations.append(obs(spec.name, output=output, step=index,
-                                artifact=output.get("artifact_id")))
+        observations.append(
+            obs(spec.name, output=output, step=index, artifact=output.get("artifact_id"))
+        )
     assert [o.tool for o in observations] == ["query_sales", "write_report", "publish_report"]
     assert d.kind == "finish" and d.data is not None
     assert set(d.data["top_skus"]) == set(DECLINE_FACTORS)

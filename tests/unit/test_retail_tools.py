@@ -25,14 +25,23 @@ class FakeArtifacts:
     async def put(self, content: bytes, media_type: str, name: str) -> Artifact:
         art_id = artifact_id(content)
         self.stored[art_id] = content
-        return Artifact(artifact_id=art_id, media_type=media_type, size=len(content),
-                        name=name, created_at=utcnow())
+        return Artifact(
+            artifact_id=art_id,
+            media_type=media_type,
+            size=len(content),
+            name=name,
+            created_at=utcnow(),
+        )
 
 
 def make_ctx(key: str = "idem-1", sink: FakeArtifacts | None = None) -> ToolContext:
-    return ToolContext(run_id="run-test", tool_call_id="tc-test", idempotency_key=key,
-                       context=RunContext(scope=["sales_region:east"]),
-                       artifacts=sink or FakeArtifacts())
+    return ToolContext(
+        run_id="run-test",
+        tool_call_id="tc-test",
+        idempotency_key=key,
+        context=RunContext(scope=["sales_region:east"]),
+        artifacts=sink or FakeArtifacts(),
+    )
 
 
 @pytest.fixture
@@ -108,8 +117,12 @@ def test_query_args_are_validated(db: Path) -> None:
     s = spec(db, "query_sales")
     with pytest.raises(ValidationError, match="Monday"):
         args_of(s, {"region": "east", "week_start": "2026-11-18"})
-    for bad in ({"region": "mars"}, {"region": "east", "top_n": 0},
-                {"region": "east", "top_n": 51}, {"region": "east", "extra": 1}):
+    for bad in (
+        {"region": "mars"},
+        {"region": "east", "top_n": 0},
+        {"region": "east", "top_n": 51},
+        {"region": "east", "extra": 1},
+    ):
         with pytest.raises(ValidationError):
             args_of(s, bad)
     assert s.required_scopes(args_of(s, {"region": "west"})) == ["sales_region:west"]
@@ -144,12 +157,17 @@ async def test_report_is_deterministic_markdown(db: Path) -> None:
 
 def test_report_findings_shape_is_checked(db: Path) -> None:
     with pytest.raises(ValidationError):
-        args_of(spec(db, "write_report"),
-                {"title": "t", "question": "q", "findings": {"region": "east"}})
+        args_of(
+            spec(db, "write_report"),
+            {"title": "t", "question": "q", "findings": {"region": "east"}},
+        )
 
 
-PUBLISH = {"artifact_id": "sha256:" + "a" * 64, "recipients": ["ops@example.com"],
-           "subject": "East decline"}
+PUBLISH = {
+    "artifact_id": "sha256:" + "a" * 64,
+    "recipients": ["ops@example.com"],
+    "subject": "East decline",
+}
 
 
 async def test_publish_is_idempotent_per_key(db: Path) -> None:
@@ -157,8 +175,11 @@ async def test_publish_is_idempotent_per_key(db: Path) -> None:
     assert s.risk == "high" and s.side_effect and s.on_reject == "fail"
     first = await call(s, PUBLISH, make_ctx("idem-A"))
     again = await call(s, PUBLISH, make_ctx("idem-A"))
-    assert first == again == {"outbox_id": first["outbox_id"], "status": "queued",
-                              "idempotency_key": "idem-A"}
+    assert (
+        first
+        == again
+        == {"outbox_id": first["outbox_id"], "status": "queued", "idempotency_key": "idem-A"}
+    )
     assert count_outbox(db) == 1
     other = await call(s, PUBLISH, make_ctx("idem-B"))
     assert other["outbox_id"] != first["outbox_id"]
@@ -192,11 +213,13 @@ async def test_reconcile_and_compensate(db: Path) -> None:
 
 def test_publish_args_are_validated(db: Path) -> None:
     s = spec(db, "publish_report")
-    for bad in ({**PUBLISH, "artifact_id": "sha256:xyz"},
-                {**PUBLISH, "recipients": []},
-                {**PUBLISH, "recipients": ["not-an-email"]},
-                {**PUBLISH, "recipients": [f"u{i}@example.com" for i in range(21)]},
-                {**PUBLISH, "channel": "sms"}):
+    for bad in (
+        {**PUBLISH, "artifact_id": "sha256:xyz"},
+        {**PUBLISH, "recipients": []},
+        {**PUBLISH, "recipients": ["not-an-email"]},
+        {**PUBLISH, "recipients": [f"u{i}@example.com" for i in range(21)]},
+        {**PUBLISH, "channel": "sms"},
+    ):
         with pytest.raises(ValidationError):
             args_of(s, bad)
 

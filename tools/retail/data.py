@@ -115,8 +115,9 @@ def open_db(path: Path) -> sqlite3.Connection:
     Opened read-write but never create, so a missing database is an error
     rather than a new empty file that would later pass for the real one.
     """
-    conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=rw", uri=True,
-                           timeout=BUSY_TIMEOUT_S)
+    conn = sqlite3.connect(
+        f"{Path(path).resolve().as_uri()}?mode=rw", uri=True, timeout=BUSY_TIMEOUT_S
+    )
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA foreign_keys = ON")
     return conn
@@ -158,7 +159,8 @@ def _sales_rows() -> Iterator[tuple[str, str, str, int, float]]:
     # Every random draw happens in a fixed order, so the same seed gives the same data.
     base = {
         (store, sku): rng.uniform(20.0, 45.0)
-        for region in REGIONS for store in _store_ids(region.region_id)
+        for region in REGIONS
+        for store in _store_ids(region.region_id)
         for sku, *_ in CATALOG
     }
     day = FIRST_DAY
@@ -184,8 +186,11 @@ def _populate(conn: sqlite3.Connection) -> None:
     )
     conn.executemany(
         "INSERT INTO stores (store_id, region_id, name) VALUES (?, ?, ?)",
-        [(store, r.region_id, f"{r.name} Store {store[-2:]}")
-         for r in REGIONS for store in _store_ids(r.region_id)],
+        [
+            (store, r.region_id, f"{r.name} Store {store[-2:]}")
+            for r in REGIONS
+            for store in _store_ids(r.region_id)
+        ],
     )
     conn.executemany(
         "INSERT INTO skus (sku, name, category, unit_price) VALUES (?, ?, ?, ?)", CATALOG
@@ -196,8 +201,11 @@ def _populate(conn: sqlite3.Connection) -> None:
     )
     conn.executemany(
         "INSERT INTO meta (key, value) VALUES (?, ?)",
-        [("seed", str(SEED)), ("last_week_start", LAST_WEEK_START.isoformat()),
-         ("complete", SCHEMA_VERSION)],
+        [
+            ("seed", str(SEED)),
+            ("last_week_start", LAST_WEEK_START.isoformat()),
+            ("complete", SCHEMA_VERSION),
+        ],
     )
 
 

@@ -76,8 +76,9 @@ def _bad_fields(observations: list[Observation]) -> set[str] | None:
     for obs in observations:
         if obs.status != Code.TOOL_ARGUMENT_INVALID:
             continue
-        named = {f for f in _QUERY_OPTIONAL
-                 if re.search(rf"(^|;\s*){f}\b", obs.error or obs.summary)}
+        named = {
+            f for f in _QUERY_OPTIONAL if re.search(rf"(^|;\s*){f}\b", obs.error or obs.summary)
+        }
         if not named:
             return None
         bad |= named
@@ -85,8 +86,7 @@ def _bad_fields(observations: list[Observation]) -> set[str] | None:
 
 
 def _decision(summary: str, call: ProposedCall) -> Decision:
-    return Decision(kind="tool_calls", summary=summary, tool_calls=[call],
-                    usage=DecisionUsage())
+    return Decision(kind="tool_calls", summary=summary, tool_calls=[call], usage=DecisionUsage())
 
 
 def _title(findings: Findings, zh: bool) -> str:
@@ -111,12 +111,18 @@ def _report_sentence(report: str | None, publish_status: str, zh: bool) -> str:
     if publish_status == "succeeded":
         return "报告已生成并提交发送。" if zh else "The report was written and queued for email."
     if publish_status == Code.APPROVAL_REJECTED:
-        return "报告已生成，发布未获批准。" if zh else (
-            "The report was written; publishing was not approved.")
+        return (
+            "报告已生成，发布未获批准。"
+            if zh
+            else ("The report was written; publishing was not approved.")
+        )
     if publish_status == "not_requested":
         return "报告已生成，未发布。" if zh else "The report was written and not published."
-    return (f"报告已生成，发布失败（{publish_status}）。" if zh
-            else f"The report was written; publishing failed ({publish_status}).")
+    return (
+        f"报告已生成，发布失败（{publish_status}）。"
+        if zh
+        else f"The report was written; publishing failed ({publish_status})."
+    )
 
 
 class RetailPlanner:
@@ -141,10 +147,15 @@ class RetailPlanner:
                 return self._finish(view, findings, zh, note=reports[-1].error)
             return _decision(
                 f"write report for {findings.region} week {findings.week_start}",
-                ProposedCall(tool="write_report", version="1", args={
-                    "title": _title(findings, zh), "question": view.input,
-                    "findings": query.output,
-                }),
+                ProposedCall(
+                    tool="write_report",
+                    version="1",
+                    args={
+                        "title": _title(findings, zh),
+                        "question": view.input,
+                        "findings": query.output,
+                    },
+                ),
             )
         publishes = _of(view, "publish_report")
         art = (report.output or {}).get("artifact_id") if isinstance(report.output, dict) else None
@@ -155,14 +166,21 @@ class RetailPlanner:
         recipients = _recipients(view)
         return _decision(
             f"publish report {art[:19]} to {len(recipients)} recipient(s)",
-            ProposedCall(tool="publish_report", version="1", args={
-                "artifact_id": art, "channel": "email", "recipients": recipients,
-                "subject": _title(findings, zh),
-            }),
+            ProposedCall(
+                tool="publish_report",
+                version="1",
+                args={
+                    "artifact_id": art,
+                    "channel": "email",
+                    "recipients": recipients,
+                    "subject": _title(findings, zh),
+                },
+            ),
         )
 
-    def _query(self, view: PlannerView, region: str, queries: list[Observation],
-               zh: bool) -> Decision:
+    def _query(
+        self, view: PlannerView, region: str, queries: list[Observation], zh: bool
+    ) -> Decision:
         args: dict[str, Any] = {"region": region, "top_n": TOP_N}
         week = _week_from_input(view.input)
         if week is not None:
@@ -176,49 +194,81 @@ class RetailPlanner:
             for field in _QUERY_OPTIONAL if bad is None else bad:
                 args.pop(field, None)
         week_label = args.get("week_start", LAST_WEEK_START.isoformat())
-        return _decision(f"query {region} sales for week {week_label}",
-                         ProposedCall(tool="query_sales", version="1", args=args))
+        return _decision(
+            f"query {region} sales for week {week_label}",
+            ProposedCall(tool="query_sales", version="1", args=args),
+        )
 
-    def _finish(self, view: PlannerView, findings: Findings | None, zh: bool,
-                report: str | None = None, note: str | None = None) -> Decision:
+    def _finish(
+        self,
+        view: PlannerView,
+        findings: Findings | None,
+        zh: bool,
+        report: str | None = None,
+        note: str | None = None,
+    ) -> Decision:
         if findings is None:
             reason = note or "no data"
-            answer = (f"无法完成销售分析：{reason}" if zh
-                      else f"Could not complete the sales analysis: {reason}")
-            return Decision(kind="finish", summary="finish without findings", answer=answer,
-                            data={"region": parse_region(view), "error": reason},
-                            usage=DecisionUsage())
-        drivers = [d for d in findings.top_decliners
-                   if d.change_pct is not None and d.change_pct <= MATERIAL_DROP_PCT][:MAX_NAMED]
+            answer = (
+                f"无法完成销售分析：{reason}"
+                if zh
+                else f"Could not complete the sales analysis: {reason}"
+            )
+            return Decision(
+                kind="finish",
+                summary="finish without findings",
+                answer=answer,
+                data={"region": parse_region(view), "error": reason},
+                usage=DecisionUsage(),
+            )
+        drivers = [
+            d
+            for d in findings.top_decliners
+            if d.change_pct is not None and d.change_pct <= MATERIAL_DROP_PCT
+        ][:MAX_NAMED]
         region = region_label(findings.region, zh)
         named = ("、" if zh else ", ").join(
-            f"{d.sku}（{d.name}，{pct(d.change_pct)}）" if zh
-            else f"{d.sku} ({d.name}, {pct(d.change_pct)})" for d in drivers
+            f"{d.sku}（{d.name}，{pct(d.change_pct)}）"
+            if zh
+            else f"{d.sku} ({d.name}, {pct(d.change_pct)})"
+            for d in drivers
         )
         total = pct(findings.change_pct)
         if zh:
-            answer = (f"{findings.week_start} 当周{region}区销售额较前一周变化 {total}。"
-                      + (f"主要下滑 SKU：{named}。" if drivers else "没有明显下滑的 SKU。"))
+            answer = f"{findings.week_start} 当周{region}区销售额较前一周变化 {total}。" + (
+                f"主要下滑 SKU：{named}。" if drivers else "没有明显下滑的 SKU。"
+            )
         else:
-            answer = (f"In the week of {findings.week_start}, {region} region revenue changed "
-                      f"{total} vs the prior week. "
-                      + (f"The main declining SKUs: {named}." if drivers
-                         else "No SKU declined materially."))
+            answer = (
+                f"In the week of {findings.week_start}, {region} region revenue changed "
+                f"{total} vs the prior week. "
+                + (
+                    f"The main declining SKUs: {named}."
+                    if drivers
+                    else "No SKU declined materially."
+                )
+            )
         publishes = _of(view, "publish_report")
         published = _succeeded(publishes)
         publish_status = publishes[-1].status if publishes else "not_requested"
         answer += ("" if zh else " ") + _report_sentence(report, publish_status, zh)
         data: dict[str, Any] = {
-            "region": findings.region, "week_start": findings.week_start,
-            "top_skus": [d.sku for d in drivers], "change_pct": findings.change_pct,
-            "report_artifact_id": report, "published": published is not None,
+            "region": findings.region,
+            "week_start": findings.week_start,
+            "top_skus": [d.sku for d in drivers],
+            "change_pct": findings.change_pct,
+            "report_artifact_id": report,
+            "published": published is not None,
             "publish_status": publish_status,
         }
         if published is not None and isinstance(published.output, dict):
             data["outbox_id"] = published.output.get("outbox_id")
         if note:
             data["note"] = note
-        summary = (f"{findings.region} week {findings.week_start}: "
-                   f"{', '.join(data['top_skus']) or 'no material decline'}")
-        return Decision(kind="finish", summary=summary, answer=answer, data=data,
-                        usage=DecisionUsage())
+        summary = (
+            f"{findings.region} week {findings.week_start}: "
+            f"{', '.join(data['top_skus']) or 'no material decline'}"
+        )
+        return Decision(
+            kind="finish", summary=summary, answer=answer, data=data, usage=DecisionUsage()
+        )

@@ -44,13 +44,21 @@ class Findings(BaseModel):
 
 _LABELS = {
     "en": {
-        "region": "Region", "week": "Week", "vs": "vs prior week", "total": "Total revenue",
-        "decliners": "Top decliners", "none": "No SKU declined in this week.",
+        "region": "Region",
+        "week": "Week",
+        "vs": "vs prior week",
+        "total": "Total revenue",
+        "decliners": "Top decliners",
+        "none": "No SKU declined in this week.",
         "cols": ("#", "SKU", "Name", "Last week", "Prior week", "Change", "Change %"),
     },
     "zh": {
-        "region": "区域", "week": "周", "vs": "对比前一周", "total": "总销售额",
-        "decliners": "下滑最多的 SKU", "none": "本周没有 SKU 销售下滑。",
+        "region": "区域",
+        "week": "周",
+        "vs": "对比前一周",
+        "total": "总销售额",
+        "decliners": "下滑最多的 SKU",
+        "none": "本周没有 SKU 销售下滑。",
         "cols": ("#", "SKU", "名称", "上周", "前一周", "变化", "变化率"),
     },
 }

@@ -120,8 +120,16 @@ def query_sales(db_path: Path, region: str, week_start: date, top_n: int) -> dic
         last, prior = round(row["last"], 2), round(row["prior"], 2)
         delta = round(last - prior, 2)
         if delta < 0:
-            decliners.append({"sku": row["sku"], "name": row["name"], "last": last,
-                              "prior": prior, "delta": delta, "change_pct": _pct(last, prior)})
+            decliners.append(
+                {
+                    "sku": row["sku"],
+                    "name": row["name"],
+                    "last": last,
+                    "prior": prior,
+                    "delta": delta,
+                    "change_pct": _pct(last, prior),
+                }
+            )
     decliners.sort(key=lambda d: (d["delta"], d["sku"]))
     total_last = round(sum(r["last"] for r in rows), 2)
     total_prior = round(sum(r["prior"] for r in rows), 2)
@@ -137,8 +145,11 @@ def query_sales(db_path: Path, region: str, week_start: date, top_n: int) -> dic
 
 
 def _outbox_output(row: sqlite3.Row) -> dict[str, Any]:
-    return {"outbox_id": row["id"], "status": row["status"],
-            "idempotency_key": row["idempotency_key"]}
+    return {
+        "outbox_id": row["id"],
+        "status": row["status"],
+        "idempotency_key": row["idempotency_key"],
+    }
 
 
 def _find_outbox(db_path: Path, key: str) -> dict[str, Any] | None:
@@ -154,8 +165,7 @@ def _enqueue(db_path: Path, key: str, args: PublishReportArgs) -> dict[str, Any]
             "INSERT INTO outbox (idempotency_key, channel, recipients, subject, body_ref,"
             " status, created_at) VALUES (?, ?, ?, ?, ?, 'queued', ?)"
             " ON CONFLICT(idempotency_key) DO NOTHING",
-            (key, args.channel, recipients, args.subject, args.artifact_id,
-             utcnow().isoformat()),
+            (key, args.channel, recipients, args.subject, args.artifact_id, utcnow().isoformat()),
         )
         row = conn.execute("SELECT * FROM outbox WHERE idempotency_key = ?", (key,)).fetchone()
     existing = (row["channel"], row["recipients"], row["subject"], row["body_ref"])
@@ -167,9 +177,7 @@ def _enqueue(db_path: Path, key: str, args: PublishReportArgs) -> dict[str, Any]
 
 def _retract(db_path: Path, key: str) -> None:
     with connect(db_path) as conn:
-        conn.execute(
-            "UPDATE outbox SET status = 'retracted' WHERE idempotency_key = ?", (key,)
-        )
+        conn.execute("UPDATE outbox SET status = 'retracted' WHERE idempotency_key = ?", (key,))
 
 
 def count_outbox(db_path: Path) -> int:
@@ -209,30 +217,46 @@ def build_registry(db_path: Path) -> ToolRegistry:
     async def compensate(args: PublishReportArgs, output: Any, ctx: ToolContext) -> None:
         await _in_thread(_retract, db_path, ctx.idempotency_key)
 
-    return ToolRegistry([
-        ToolSpec(
-            name="query_sales", version="1",
-            description="Revenue by SKU for one region, a week vs the week before; "
-            "the SKUs that declined most come first.",
-            args_model=QuerySalesArgs, handler=handle_query,
-            risk="low", side_effect=False, idempotent=True, required_scopes=_sales_scopes,
-        ),
-        ToolSpec(
-            name="write_report", version="1",
-            description="Render query_sales findings as a Markdown report artifact.",
-            args_model=WriteReportArgs, handler=handle_report,
-            # Content-addressed: writing the same report twice stores one artifact.
-            risk="low", side_effect=False, idempotent=True,
-        ),
-        ToolSpec(
-            name="publish_report", version="1",
-            description="Queue a report artifact for email delivery to recipients.",
-            args_model=PublishReportArgs, handler=handle_publish,
-            # Keyed by the call's idempotency key, so a retry queues nothing new.
-            risk="high", side_effect=True, idempotent=True,
-            reconcile=reconcile, compensate=compensate,
-            # A human's "no" to publishing ends the run (APPROVAL_REJECTED): the report
-            # artifact stays, nothing goes out.
-            on_reject="fail",
-        ),
-    ])
+    return ToolRegistry(
+        [
+            ToolSpec(
+                name="query_sales",
+                version="1",
+                description="Revenue by SKU for one region, a week vs the week before; "
+                "the SKUs that declined most come first.",
+                args_model=QuerySalesArgs,
+                handler=handle_query,
+                risk="low",
+                side_effect=False,
+                idempotent=True,
+                required_scopes=_sales_scopes,
+            ),
+            ToolSpec(
+                name="write_report",
+                version="1",
+                description="Render query_sales findings as a Markdown report artifact.",
+                args_model=WriteReportArgs,
+                handler=handle_report,
+                # Content-addressed: writing the same report twice stores one artifact.
+                risk="low",
+                side_effect=False,
+                idempotent=True,
+            ),
+            ToolSpec(
+                name="publish_report",
+                version="1",
+                description="Queue a report artifact for email delivery to recipients.",
+                args_model=PublishReportArgs,
+                handler=handle_publish,
+                # Keyed by the call's idempotency key, so a retry queues nothing new.
+                risk="high",
+                side_effect=True,
+                idempotent=True,
+                reconcile=reconcile,
+                compensate=compensate,
+                # A human's "no" to publishing ends the run (APPROVAL_REJECTED): the report
+                # artifact stays, nothing goes out.
+                on_reject="fail",
+            ),
+        ]
+    )

@@ -34,8 +34,12 @@ class Trace(BaseModel):
     events: list[Event]
 
 
-@router.post("/runs", status_code=201, response_model=Run,
-             responses={200: {"model": Run, "description": "existing run (same idempotency key)"}})
+@router.post(
+    "/runs",
+    status_code=201,
+    response_model=Run,
+    responses={200: {"model": Run, "description": "existing run (same idempotency key)"}},
+)
 @router.post("/run", status_code=201, response_model=Run, include_in_schema=False)
 async def create_run(
     body: RunCreate,
@@ -51,8 +55,11 @@ async def create_run(
         body.options.idempotency_key = idempotency_key
     run, created = await engine.create_run(body)
     location = str(request.url_for("get_run", run_id=run.run_id).path)
-    return JSONResponse(run.model_dump(mode="json"), status_code=201 if created else 200,
-                        headers={"Location": location})
+    return JSONResponse(
+        run.model_dump(mode="json"),
+        status_code=201 if created else 200,
+        headers={"Location": location},
+    )
 
 
 @router.get("/runs", response_model=Page[Run])
@@ -96,10 +103,14 @@ async def run_events(
     ):
         events = await services.store.list_events(run.run_id, start, limit=100_000)
         return JSONResponse([e.model_dump(mode="json") for e in events])
-    stream = event_stream(services.store, services.bus, run.run_id, start,
-                          services.settings.sse_keepalive_s)
-    return StreamingResponse(stream, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    stream = event_stream(
+        services.store, services.bus, run.run_id, start, services.settings.sse_keepalive_s
+    )
+    return StreamingResponse(
+        stream,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 @router.get("/runs/{run_id}/steps", response_model=list[Step])

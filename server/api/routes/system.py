@@ -18,27 +18,37 @@ SAFE_INLINE = {"text/plain", "text/markdown", "application/json", "text/csv"}
 @router.get("/agents", tags=["agents"])
 async def list_agents(engine: EngineDep) -> list[dict[str, Any]]:
     return [
-        {"agent_id": spec.agent_id, "description": spec.description,
-         "default": spec.agent_id == engine.default_agent,
-         "tools": [t.describe() for t in spec.tools.specs()]}
+        {
+            "agent_id": spec.agent_id,
+            "description": spec.description,
+            "default": spec.agent_id == engine.default_agent,
+            "tools": [t.describe() for t in spec.tools.specs()],
+        }
         for spec in engine.agents.values()
     ]
 
 
-@router.get("/artifacts/{artifact_id}", tags=["artifacts"],
-            responses={200: {"content": {"application/octet-stream": {}}}})
+@router.get(
+    "/artifacts/{artifact_id}",
+    tags=["artifacts"],
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
 async def get_artifact(artifact_id: str, store: StoreDep) -> Response:
     found = await store.get_artifact(artifact_id)
     if found is None:
         raise RuntimeProblem(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id}")
     artifact, content = found
     disposition = "inline" if artifact.media_type in SAFE_INLINE else "attachment"
-    return Response(content, media_type=artifact.media_type, headers={
-        "Content-Disposition": f'{disposition}; filename="{artifact.name}"',
-        "X-Content-Type-Options": "nosniff",
-        "ETag": f'"{artifact.artifact_id}"',
-        "Cache-Control": "private, max-age=31536000, immutable",
-    })
+    return Response(
+        content,
+        media_type=artifact.media_type,
+        headers={
+            "Content-Disposition": f'{disposition}; filename="{artifact.name}"',
+            "X-Content-Type-Options": "nosniff",
+            "ETag": f'"{artifact.artifact_id}"',
+            "Cache-Control": "private, max-age=31536000, immutable",
+        },
+    )
 
 
 @router.get("/healthz", tags=["health"])
