@@ -111,11 +111,15 @@ def encode_cursor(*parts: str) -> str:
     return base64.urlsafe_b64encode("\x1f".join(parts).encode()).decode()
 
 
-def decode_cursor(cursor: str) -> list[str]:
+def decode_cursor(cursor: str, parts: int = 2) -> list[str]:
     try:
-        return base64.urlsafe_b64decode(cursor.encode()).decode().split("\x1f")
+        decoded = base64.b64decode(cursor.encode(), altchars=b"-_", validate=True).decode()
     except (ValueError, UnicodeDecodeError):
-        raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid") from None
+        decoded = ""
+    fields = decoded.split("\x1f")
+    if len(fields) != parts:
+        raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
+    return fields
 
 
 class RunStore(ABC):
@@ -203,19 +207,9 @@ class RunStore(ABC):
         key = run.options.idempotency_key
         appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
-            if key is not None:
-                existing = await tx.fetchone(
-                    "SELECT * FROM runs WHERE tenant_id = ? AND idempotency_key = ?",
-                    (run.context.tenant_id, key),
-                )
-                if existing is not None:
-                    if existing["request_hash"] != request_hash:
-                        raise RuntimeProblem(
-                            Code.IDEMPOTENCY_CONFLICT,
-                            "idempotency key was used with a different request",
-                            run_id=existing["run_id"],
-                        )
-                    return Run.model_validate(_dec(existing)), False
+            existing = await self._run_for_key(tx, run, request_hash)
+            if existing is not None:
+                return existing, False
             values = {
                 **run.model_dump(mode="json"),
                 "tenant_id": run.context.tenant_id,
@@ -225,10 +219,16 @@ class RunStore(ABC):
             }
             cols = ", ".join(_RUN_COLUMNS)
             marks = ", ".join("?" for _ in _RUN_COLUMNS)
-            await tx.execute(
-                f"INSERT INTO runs ({cols}) VALUES ({marks})",
+            inserted = await tx.fetchone(
+                f"INSERT INTO runs ({cols}) VALUES ({marks}) ON CONFLICT DO NOTHING "
+                "RETURNING run_id",
                 [_enc(values[c]) for c in _RUN_COLUMNS],
             )
+            if inserted is None:
+                # A concurrent request with the same key committed first.
+                existing = await self._run_for_key(tx, run, request_hash)
+                assert existing is not None
+                return existing, False
             await self._append(
                 tx,
                 run.run_id,
@@ -238,6 +238,24 @@ class RunStore(ABC):
             )
         self._notify(appended)
         return run, True
+
+    async def _run_for_key(self, tx: Tx, run: Run, request_hash: str) -> Run | None:
+        key = run.options.idempotency_key
+        if key is None:
+            return None
+        existing = await tx.fetchone(
+            "SELECT * FROM runs WHERE tenant_id = ? AND idempotency_key = ?",
+            (run.context.tenant_id, key),
+        )
+        if existing is None:
+            return None
+        if existing["request_hash"] != request_hash:
+            raise RuntimeProblem(
+                Code.IDEMPOTENCY_CONFLICT,
+                "idempotency key was used with a different request",
+                run_id=existing["run_id"],
+            )
+        return Run.model_validate(_dec(existing))
 
     async def get_run(self, run_id: str) -> Run | None:
         async with self.tx() as tx:
@@ -260,7 +278,7 @@ class RunStore(ABC):
             where.append("agent_id = ?")
             params.append(agent_id)
         if cursor:
-            created, run_id = [*decode_cursor(cursor), "", ""][:2]
+            created, run_id = decode_cursor(cursor)
             where.append("(created_at < ? OR (created_at = ? AND run_id < ?))")
             params += [created, created, run_id]
         async with self.tx() as tx:
@@ -425,6 +443,20 @@ class RunStore(ABC):
             )
         return ToolCall.model_validate(_dec(row)) if row else None
 
+    async def _insert_once(self, tx: Tx, table: str, key: str, data: dict[str, Any]) -> bool:
+        """Insert a row unless its key exists; True if this call inserted it.
+
+        ON CONFLICT makes a concurrent duplicate wait for the first and then do
+        nothing, instead of failing on the unique key.
+        """
+        cols = list(data)
+        inserted = await tx.fetchone(
+            f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
+            f"ON CONFLICT DO NOTHING RETURNING {key}",
+            [_enc(data[c]) for c in cols],
+        )
+        return inserted is not None
+
     async def begin_tool_call(self, call: ToolCall, action: dict[str, Any]) -> ToolCall:
         """Record that a call is about to run (status running), with its action event.
 
@@ -433,22 +465,13 @@ class RunStore(ABC):
         """
         appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
-            row = await tx.fetchone(
-                f"SELECT * FROM tool_calls WHERE tool_call_id = ?{self.for_update}",
-                (call.tool_call_id,),
-            )
-            if row is None:
-                data = call.model_dump(mode="json")
-                cols = list(data)
-                await tx.execute(
-                    f"INSERT INTO tool_calls ({', '.join(cols)}) "
-                    f"VALUES ({', '.join('?' for _ in cols)})",
-                    [_enc(data[c]) for c in cols],
-                )
+            if await self._insert_once(
+                tx, "tool_calls", "tool_call_id", call.model_dump(mode="json")
+            ):
                 await self._append(tx, call.run_id, EventType.ACTION, action, appended)
-                row = await tx.fetchone(
-                    "SELECT * FROM tool_calls WHERE tool_call_id = ?", (call.tool_call_id,)
-                )
+            row = await tx.fetchone(
+                "SELECT * FROM tool_calls WHERE tool_call_id = ?", (call.tool_call_id,)
+            )
         self._notify(appended)
         assert row is not None
         return ToolCall.model_validate(_dec(row))
@@ -500,22 +523,18 @@ class RunStore(ABC):
         """Create the approval with its approval_request event, unless it exists already."""
         appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
-            row = await tx.fetchone(
-                "SELECT * FROM approvals WHERE approval_id = ?", (approval.approval_id,)
-            )
-            if row is None:
-                data = approval.model_dump(mode="json")
-                cols = list(data)
-                await tx.execute(
-                    f"INSERT INTO approvals ({', '.join(cols)}) "
-                    f"VALUES ({', '.join('?' for _ in cols)})",
-                    [_enc(data[c]) for c in cols],
-                )
+            if await self._insert_once(
+                tx, "approvals", "approval_id", approval.model_dump(mode="json")
+            ):
                 await self._append(
                     tx, approval.run_id, EventType.APPROVAL_REQUEST, request, appended
                 )
+            row = await tx.fetchone(
+                "SELECT * FROM approvals WHERE approval_id = ?", (approval.approval_id,)
+            )
         self._notify(appended)
-        return approval if row is None else Approval.model_validate(_dec(row))
+        assert row is not None
+        return Approval.model_validate(_dec(row))
 
     async def get_approval(self, approval_id: str) -> Approval | None:
         async with self.tx() as tx:
@@ -606,23 +625,12 @@ class RunStore(ABC):
         """Store content-addressed bytes once; the artifact event goes to the run's log."""
         appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
-            row = await tx.fetchone(
-                "SELECT artifact_id FROM artifacts WHERE artifact_id = ?", (artifact.artifact_id,)
+            await self._insert_once(
+                tx,
+                "artifacts",
+                "artifact_id",
+                {**artifact.model_dump(mode="json"), "content": content},
             )
-            if row is None:
-                await tx.execute(
-                    "INSERT INTO artifacts (artifact_id, media_type, size, name, run_id, "
-                    "created_at, content) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        artifact.artifact_id,
-                        artifact.media_type,
-                        artifact.size,
-                        artifact.name,
-                        artifact.run_id,
-                        _enc(artifact.created_at),
-                        content,
-                    ),
-                )
             if artifact.run_id is not None:
                 await self._append(
                     tx,

@@ -1,0 +1,78 @@
+"""The read side: agents, trace, checkpoint, steps, health, OpenAPI."""
+
+from __future__ import annotations
+
+from tests.api.conftest import Api
+
+
+async def test_agents_health_and_openapi(api: Api) -> None:
+    agents = {a["agent_id"]: a for a in (await api.client.get("/agents")).json()}
+    retail = agents["retail_analyst"]
+    assert retail["default"] is True
+    tools = {t["name"]: t for t in retail["tools"]}
+    assert tools["publish_report"]["risk"] == "high"
+    assert tools["publish_report"]["reconcile"] and tools["publish_report"]["compensate"]
+    assert "properties" in tools["query_sales"]["schema"]
+    assert (await api.client.get("/healthz")).json() == {"status": "ok"}
+    assert (await api.client.get("/readyz")).json() == {"status": "ready"}
+    spec = (await api.client.get("/openapi.json")).json()
+    for path in (
+        "/runs",
+        "/runs/{run_id}",
+        "/runs/{run_id}/events",
+        "/runs/{run_id}/trace",
+        "/runs/{run_id}/checkpoint",
+        "/approvals",
+        "/runs/{run_id}/approvals/{approval_id}",
+        "/runs/{run_id}/cancel",
+        "/artifacts/{artifact_id}",
+        "/agents",
+    ):
+        assert path in spec["paths"], path
+    assert "201" in spec["paths"]["/runs"]["post"]["responses"]
+    assert "422" in spec["paths"]["/runs"]["post"]["responses"]
+
+
+async def test_trace_and_checkpoint_explain_a_parked_run(api: Api) -> None:
+    run = await api.create()
+    parked = await api.settle(run["run_id"])
+    run_id = parked["run_id"]
+    checkpoint = (await api.client.get(f"/runs/{run_id}/checkpoint")).json()
+    assert set(checkpoint) >= {
+        "run_id",
+        "state",
+        "step_index",
+        "planner_context_ref",
+        "tool_calls",
+        "memory_snapshot",
+        "handoff_stack",
+        "pending_approval",
+        "budget",
+    }
+    assert checkpoint["state"] == "waiting_human" and checkpoint["next"] == ["approval"]
+    assert (
+        checkpoint["pending_approval"]["approval_id"] == parked["pending_approval"]["approval_id"]
+    )
+    assert len(checkpoint["tool_calls"]) == 2 and checkpoint["budget"]["tool_calls"] == 2
+    trace = (await api.client.get(f"/runs/{run_id}/trace")).json()
+    assert [s["step_index"] for s in trace["steps"]] == [0, 1, 2]
+    assert all(s["decision"]["summary"] for s in trace["steps"])
+    assert [t["tool"] for t in trace["tool_calls"]] == ["query_sales", "write_report"]
+    assert trace["approvals"][0]["status"] == "pending"
+    assert trace["approvals"][0]["args_hash"]
+    assert [e["seq"] for e in trace["events"]] == list(range(1, len(trace["events"]) + 1))
+    inbox = (await api.client.get("/approvals")).json()
+    assert [a["run_id"] for a in inbox] == [run_id]
+
+
+async def test_large_tool_output_is_an_artifact_not_a_checkpoint_blob(api: Api) -> None:
+    run = await api.create()
+    parked = await api.settle(run["run_id"])
+    calls = (await api.client.get(f"/runs/{parked['run_id']}/tool-calls")).json()
+    report = next(c for c in calls if c["tool"] == "write_report")
+    assert report["artifact_id"].startswith("sha256:")
+    body = await api.client.get(f"/artifacts/{report['artifact_id']}")
+    assert body.headers["x-content-type-options"] == "nosniff"
+    import hashlib
+
+    assert "sha256:" + hashlib.sha256(body.content).hexdigest() == report["artifact_id"]

@@ -1,0 +1,135 @@
+"""Bad input gets a 4xx problem+json with a machine code, and leaves no rows behind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.api.conftest import Api
+
+GOOD = {
+    "input": "上周华东区销售下滑的主要 SKU 是什么？",
+    "context": {"scope": ["sales_region:east"]},
+}
+
+
+async def run_count(api: Api) -> int:
+    page = (await api.client.get("/runs", params={"limit": 200})).json()
+    return len(page["items"])
+
+
+def assert_problem(resp: Any, status: int, code: str) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = resp.json()
+    assert body["code"] == code and body["status"] == status and body["detail"]
+    return body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"input": ""},
+        {"input": 123},
+        {"input": "x" * 20_001},
+        {"input": "q", "context": "not an object"},
+        {"input": "q", "context": {"scope": "sales_region:east"}},
+        {"input": "q", "options": {"max_steps": 0}},
+        {"input": "q", "options": {"max_steps": -5}},
+        {"input": "q", "options": {"max_steps": 10**12}},
+        {"input": "q", "options": {"budget": {"max_tool_calls": -1}}},
+        {"input": "q", "options": {"budget": {"timeout_s": 0}}},
+        {"input": "q", "options": {"budget": {"max_cost_usd": 1e300}}},
+        {"input": "q", "options": {"budget": {"gpu_hours": 3}}},
+        {"input": "q", "surprise": True},
+        [1, 2, 3],
+        "just a string",
+    ],
+)
+async def test_invalid_run_bodies_are_422_and_write_nothing(api: Api, body: Any) -> None:
+    resp = await api.client.post("/runs", json=body)
+    problem = assert_problem(resp, 422, "VALIDATION_ERROR")
+    assert problem["errors"]
+    assert await run_count(api) == 0
+
+
+async def test_malformed_json_and_bad_encoding_are_4xx(api: Api) -> None:
+    for raw in (b'{"input": "q"', b'{"input": "\xff\xfe"}', b"\x00\x01"):
+        resp = await api.client.post(
+            "/runs", content=raw, headers={"Content-Type": "application/json"}
+        )
+        # FastAPI answers undecodable bytes with 400 and unparsable JSON with 422.
+        assert_problem(
+            resp, resp.status_code if resp.status_code in (400, 422) else 422, "VALIDATION_ERROR"
+        )
+    assert await run_count(api) == 0
+
+
+async def test_oversized_body_is_413(api: Api) -> None:
+    resp = await api.client.post("/runs", json={"input": "q", "pad": "x" * 300_000})
+    assert_problem(resp, 413, "PAYLOAD_TOO_LARGE")
+    assert await run_count(api) == 0
+
+
+async def test_unknown_agent_is_422(api: Api) -> None:
+    resp = await api.client.post("/runs", json={**GOOD, "agent_id": "nobody"})
+    assert_problem(resp, 422, "AGENT_NOT_FOUND")
+    assert await run_count(api) == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/runs/run-missing"),
+        ("GET", "/runs/run-missing/events"),
+        ("GET", "/runs/run-missing/steps"),
+        ("GET", "/runs/run-missing/tool-calls"),
+        ("GET", "/runs/run-missing/trace"),
+        ("GET", "/runs/run-missing/checkpoint"),
+        ("POST", "/runs/run-missing/cancel"),
+        ("POST", "/runs/run-missing/approvals/ap-missing"),
+    ],
+)
+async def test_unknown_run_is_404(api: Api, method: str, path: str) -> None:
+    body = {"decision": "approve"} if "approvals" in path else None
+    resp = await api.client.request(method, path, json=body)
+    assert_problem(resp, 404, "RUN_NOT_FOUND")
+
+
+async def test_unknown_approval_artifact_and_route_are_404(api: Api) -> None:
+    run = await api.create(agent_id="typo_fixer", input="x")
+    resp = await api.client.post(
+        f"/runs/{run['run_id']}/approvals/ap-missing", json={"decision": "approve"}
+    )
+    assert_problem(resp, 404, "APPROVAL_NOT_FOUND")
+    assert_problem(await api.client.get("/artifacts/sha256:" + "0" * 64), 404, "ARTIFACT_NOT_FOUND")
+    assert_problem(await api.client.get("/nowhere"), 404, "NOT_FOUND")
+    assert_problem(await api.client.delete("/runs"), 405, "METHOD_NOT_ALLOWED")
+
+
+async def test_bad_decisions_queries_and_headers_are_422(api: Api) -> None:
+    run = await api.create(agent_id="typo_fixer", input="x")
+    run_id = run["run_id"]
+    for body in ({"decision": "maybe"}, {}, {"decision": "approve", "comment": "x" * 5000}):
+        resp = await api.client.post(f"/runs/{run_id}/approvals/ap-x", json=body)
+        assert_problem(resp, 422, "VALIDATION_ERROR")
+    for params in ({"state": "sleeping"}, {"limit": 0}, {"limit": 10_000}, {"cursor": "%%%"}):
+        assert_problem(await api.client.get("/runs", params=params), 422, "VALIDATION_ERROR")
+    resp = await api.client.get(
+        f"/runs/{run_id}/events", headers={"Accept": "application/json", "Last-Event-ID": "x"}
+    )
+    assert_problem(resp, 422, "VALIDATION_ERROR")
+    assert_problem(
+        await api.client.get(f"/runs/{run_id}/events", params={"after": -1}),
+        422,
+        "VALIDATION_ERROR",
+    )
+
+
+async def test_cancel_of_a_finished_run_is_409(api: Api) -> None:
+    run = await api.create(agent_id="typo_fixer", input="x")
+    await api.settle(run["run_id"])
+    resp = await api.client.post(f"/runs/{run['run_id']}/cancel", json={"reason": "late"})
+    assert_problem(resp, 409, "RUN_STATE_CONFLICT")

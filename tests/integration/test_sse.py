@@ -1,0 +1,70 @@
+"""SSE from a real server: ids are seqs, reconnects replay exactly what was missed."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.integration.conftest import state_is
+from tests.integration.server_proc import ServerProcess
+
+
+def raw_stream(server: ServerProcess, run_id: str, **headers: str) -> list[tuple[int, str]]:
+    """(id, event type) of every event until the server closes the stream."""
+    out: list[tuple[int, str]] = []
+    current_id = None
+    with httpx.stream(
+        "GET", f"{server.base_url}/runs/{run_id}/events", headers=headers, timeout=60
+    ) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.iter_lines():
+            if line.startswith("id: "):
+                current_id = int(line[4:])
+            elif line.startswith("event: "):
+                assert current_id is not None
+                out.append((current_id, line[7:]))
+    return out
+
+
+def test_stream_ids_replay_and_close(server: ServerProcess) -> None:
+    server.start()
+    with server.client() as http:
+        run_id = http.post("/runs", json={"agent_id": "typo_fixer", "input": "x"}).json()["run_id"]
+        everything = raw_stream(server, run_id)
+        stored = http.get(f"/runs/{run_id}/events", headers={"Accept": "application/json"}).json()
+    assert [i for i, _ in everything] == list(range(1, len(everything) + 1))
+    assert [(e["seq"], e["type"]) for e in stored] == everything
+    assert everything[-1][1] == "state" and stored[-1]["data"]["to"] == "succeeded"
+    # The stream closed by itself after the terminal state event (raw_stream returned).
+    resumed = raw_stream(server, run_id, **{"Last-Event-ID": "5"})
+    assert resumed == everything[5:]
+    with httpx.stream("GET", f"{server.base_url}/runs/{run_id}/events?after=7", timeout=30) as r:
+        ids = [int(line[4:]) for line in r.iter_lines() if line.startswith("id: ")]
+    assert ids == [i for i, _ in everything[7:]]
+    assert raw_stream(server, run_id, **{"Last-Event-ID": str(len(everything))}) == []
+
+
+def test_live_stream_across_an_approval(server: ServerProcess) -> None:
+    server.start()
+    with server.client() as http:
+        run_id = http.post(
+            "/runs",
+            json={
+                "input": "Which SKUs drove last week's sales drop in the east region?",
+                "context": {"scope": ["sales_region:east"]},
+            },
+        ).json()["run_id"]
+        head = server.follow(run_id, state_is("waiting_human"))
+        approval_id = head[-2]["data"]["approval_id"]
+        assert head[-2]["type"] == "approval_request"
+        resp = http.post(f"/runs/{run_id}/approvals/{approval_id}", json={"decision": "approve"})
+        assert resp.status_code == 202
+        tail = server.follow(run_id, state_is("succeeded", "failed"), after=head[-1]["seq"])
+    assert [e["seq"] for e in head + tail] == list(range(1, len(head) + len(tail) + 1))
+    assert tail[0]["type"] == "approval_result" and tail[-1]["data"]["to"] == "succeeded"
+    assert "SKU-" in http_get_answer(server, run_id)
+
+
+def http_get_answer(server: ServerProcess, run_id: str) -> str:
+    with server.client() as http:
+        answer: str = http.get(f"/runs/{run_id}").json()["result"]["answer"]
+        return answer

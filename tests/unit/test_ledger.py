@@ -1,0 +1,200 @@
+"""execute_once against a real store (SQLite and PostgreSQL): the ledger is the truth."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from runtime import ids
+from runtime.ledger import INLINE_OUTPUT_BYTES, StoreArtifacts, execute_once, new_ledger_row
+from runtime.model import RunContext, ToolCall
+from runtime.store.base import RunStore
+from runtime.tooling import ToolBusinessError, ToolContext, ToolSpec, ToolUnavailable
+from tests.unit.conftest import MakeRun
+
+
+class Args(BaseModel):
+    label: str = "x"
+
+
+class Harness:
+    """One tool call of one run, and a log of every time the handler really ran."""
+
+    def __init__(self, store: RunStore, run_id: str) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.ran: list[str] = []  # the idempotency key of each execution
+        self.reconciled = 0
+
+    def spec(self, result: Any = None, *, reconcile: Any = "absent", **kwargs: Any) -> ToolSpec:
+        async def handler(args: Args, ctx: ToolContext) -> Any:
+            self.ran.append(ctx.idempotency_key)
+            await asyncio.sleep(0.01)  # give a concurrent caller room to interleave
+            if isinstance(result, Exception):
+                raise result
+            return {"label": args.label} if result is None else result
+
+        async def reconciler(args: Args, ctx: ToolContext) -> Any:
+            self.reconciled += 1
+            return reconcile
+
+        return ToolSpec(
+            "probe",
+            "1",
+            "test tool",
+            Args,
+            handler,
+            reconcile=None if reconcile == "absent" else reconciler,
+            **kwargs,
+        )
+
+    def row(self, spec: ToolSpec) -> ToolCall:
+        tc_id = ids.tool_call_id(self.run_id, 0, 0)
+        args = {"label": "x"}
+        return new_ledger_row(self.run_id, 0, 0, tc_id, spec, args, ids.content_hash(args))
+
+    async def execute(self, spec: ToolSpec) -> ToolCall:
+        row = self.row(spec)
+        tctx = ToolContext(
+            run_id=self.run_id,
+            tool_call_id=row.tool_call_id,
+            idempotency_key=row.idempotency_key,
+            context=RunContext(),
+            artifacts=StoreArtifacts(self.store, self.run_id),
+        )
+        action = {"tool_call_id": row.tool_call_id, "tool": spec.name}
+        return await execute_once(self.store, spec, row, Args(label="x"), tctx, action)
+
+    async def leave_running(self, spec: ToolSpec) -> ToolCall:
+        """A row as a process that died mid-call leaves it: running, attempt counted."""
+        row = self.row(spec)
+        await self.store.begin_tool_call(row, {"tool_call_id": row.tool_call_id})
+        return await self.store.update_tool_call(row.tool_call_id, attempts=1)
+
+
+@pytest.fixture
+async def h(backend: object, make_run: MakeRun) -> Harness:
+    store = backend.store  # type: ignore[attr-defined]
+    run = await make_run(store)
+    return Harness(store, run.run_id)
+
+
+# (a) and (b): at most once -------------------------------------------------------
+
+
+async def test_a_finished_call_is_not_run_again(h: Harness) -> None:
+    spec = h.spec()
+    first = await h.execute(spec)
+    second = await h.execute(spec)
+
+    assert len(h.ran) == 1
+    assert first.status == "succeeded" and first.output == {"label": "x"}
+    assert second == first
+    assert [e.type for e in await h.store.list_events(h.run_id)] == ["state", "action", "result"]
+
+
+async def test_concurrent_drives_of_one_call_execute_it_once(h: Harness) -> None:
+    spec = h.spec()
+    rows = await asyncio.gather(h.execute(spec), h.execute(spec), return_exceptions=True)
+
+    assert h.ran == [h.row(spec).idempotency_key]
+    assert all(isinstance(r, ToolCall) and r.status == "succeeded" for r in rows), rows
+
+
+# (c): a row left running by a dead process ---------------------------------------
+
+
+async def test_idempotent_call_left_running_is_rerun_with_the_same_key(h: Harness) -> None:
+    spec = h.spec()
+    left = await h.leave_running(spec)
+
+    row = await h.execute(spec)
+
+    assert h.ran == [left.idempotency_key]
+    assert row.status == "succeeded" and row.attempts == 2
+
+
+async def test_reconciled_side_effect_is_not_rerun(h: Harness) -> None:
+    spec = h.spec(reconcile={"label": "found"}, side_effect=True, idempotent=False)
+    await h.leave_running(spec)
+
+    row = await h.execute(spec)
+
+    assert h.ran == [] and h.reconciled == 1
+    assert row.status == "succeeded" and row.output == {"label": "found"}
+    assert row.attempts == 1
+
+
+async def test_reconcile_finding_nothing_reruns(h: Harness) -> None:
+    spec = h.spec(reconcile=None, side_effect=True, idempotent=False)
+    left = await h.leave_running(spec)
+
+    row = await h.execute(spec)
+
+    assert h.reconciled == 1 and h.ran == [left.idempotency_key]
+    assert row.status == "succeeded" and row.attempts == 2
+
+
+async def test_unreconcilable_side_effect_is_marked_unknown(h: Harness) -> None:
+    spec = h.spec(side_effect=True, idempotent=False)
+    await h.leave_running(spec)
+
+    row = await h.execute(spec)
+
+    assert h.ran == []
+    assert row.status == "unknown"
+    assert row.error is not None and row.error["code"] == "TOOL_OUTCOME_UNKNOWN"
+    events = await h.store.list_events(h.run_id)
+    assert events[-1].type == "result" and events[-1].data["status"] == "unknown"
+
+
+# (d): errors -----------------------------------------------------------------------
+
+
+async def test_unavailable_tool_is_retried_then_failed(h: Harness) -> None:
+    spec = h.spec(ToolUnavailable("down"), max_attempts=3)
+
+    row = await h.execute(spec)
+
+    assert len(h.ran) == 3 and len(set(h.ran)) == 1
+    assert row.status == "failed" and row.attempts == 3
+    assert row.error == {"code": "TOOL_UNAVAILABLE", "message": "down"}
+
+
+async def test_business_error_fails_without_retry(h: Harness) -> None:
+    spec = h.spec(ToolBusinessError("order already shipped"), max_attempts=3)
+
+    row = await h.execute(spec)
+
+    assert len(h.ran) == 1
+    assert row.status == "failed" and row.attempts == 1
+    assert row.error == {"code": "TOOL_BUSINESS_ERROR", "message": "order already shipped"}
+
+
+# (e): large outputs ----------------------------------------------------------------
+
+
+async def test_large_output_becomes_an_artifact(h: Harness) -> None:
+    big = {"rows": ["r" * 100] * (INLINE_OUTPUT_BYTES // 50)}
+    spec = h.spec(big)
+
+    row = await h.execute(spec)
+
+    assert row.status == "succeeded" and row.artifact_id is not None
+    assert row.output["artifact_id"] == row.artifact_id
+    assert row.output["size"] > INLINE_OUTPUT_BYTES and "rows" not in row.output
+    stored = await h.store.get_artifact(row.artifact_id)
+    assert stored is not None
+    assert stored[0].media_type == "application/json" and stored[0].size == row.output["size"]
+    events = await h.store.list_events(h.run_id)
+    assert [e.type for e in events] == ["state", "action", "artifact", "result"]
+    assert events[2].data["artifact_id"] == row.artifact_id
+    assert events[3].data["artifact_id"] == row.artifact_id
+
+
+async def test_small_output_stays_inline(h: Harness) -> None:
+    row = await h.execute(h.spec({"ok": True}))
+    assert row.output == {"ok": True} and row.artifact_id is None
