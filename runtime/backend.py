@@ -12,7 +12,12 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from runtime.store.base import RunStore
-from runtime.store.postgres import PostgresRunStore, open_pool
+from runtime.store.postgres import (
+    CHECKPOINTER_SETUP_LOCK,
+    PostgresRunStore,
+    advisory_lock,
+    open_pool,
+)
 from runtime.store.sqlite import SqliteRunStore
 
 
@@ -48,11 +53,7 @@ async def open_backend(url: str) -> Backend:
         pool = await open_pool(url)
         pg_store = await PostgresRunStore.open(pool)
         pg_saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
-        async with pool.connection() as conn_:
-            await conn_.execute("SELECT pg_advisory_lock(724302)")
-            try:
-                await pg_saver.setup()
-            finally:
-                await conn_.execute("SELECT pg_advisory_unlock(724302)")
+        async with advisory_lock(pool, CHECKPOINTER_SETUP_LOCK):
+            await pg_saver.setup()
         return Backend(pg_store, pg_saver, pg_store.close)
     raise ValueError(f"unsupported database URL {url!r}: use sqlite:///… or postgresql://…")

@@ -154,6 +154,20 @@ async def _finish(
     )
 
 
+async def _await_other_driver(store: RunStore, row: ToolCall, spec: ToolSpec) -> ToolCall:
+    """Another driver claimed this call a moment ago: wait for its outcome, never re-run it."""
+    deadline = spec.timeout_s * spec.max_attempts + BACKOFF_MAX_S * spec.max_attempts
+    waited, delay = 0.0, 0.01
+    while waited <= deadline:
+        current = await store.get_tool_call(row.tool_call_id)
+        if current is not None and current.status in FINISHED:
+            return current
+        await asyncio.sleep(delay)
+        waited += delay
+        delay = min(delay * 2, 0.5)
+    raise RuntimeError(f"{row.tool_call_id} is still running in another driver")
+
+
 async def execute_once(
     store: RunStore,
     spec: ToolSpec,
@@ -182,9 +196,12 @@ async def execute_once(
                     "message": "process stopped during a non-idempotent call",
                 },
             )
+    # Count the attempt before running, so a crash mid-call is visible on restart.
+    claimed = await store.claim_tool_call(current.tool_call_id, current.attempts)
+    if claimed is None:
+        return await _await_other_driver(store, current, spec)
+    current = claimed
     try:
-        # Count the attempt before running, so a crash mid-call is visible on restart.
-        current = await store.update_tool_call(current.tool_call_id, attempts=current.attempts + 1)
         status, output, error, attempts = await _run_handler(spec, args, tctx)
     except asyncio.CancelledError:
         await asyncio.shield(

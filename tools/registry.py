@@ -7,8 +7,9 @@ from collections.abc import Iterable
 from runtime.tooling import ToolSpec
 
 
-def _version_key(version: str) -> tuple[int | str, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in version.split("."))
+def _version_key(version: str) -> tuple[tuple[int, int, str], ...]:
+    # Numeric parts compare as numbers ("10" > "9") and rank above text ones ("2" > "2.0-rc1").
+    return tuple((1, int(p), "") if p.isdigit() else (0, 0, p) for p in version.split("."))
 
 
 class DuplicateTool(ValueError):

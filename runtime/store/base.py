@@ -509,6 +509,20 @@ class RunStore(ABC):
         assert row is not None
         return ToolCall.model_validate(_dec(row))
 
+    async def claim_tool_call(self, tool_call_id: str, seen_attempts: int) -> ToolCall | None:
+        """Count one more attempt if nobody else did since ``seen_attempts``; None if lost.
+
+        The compare-and-set makes two drivers that both found the row running
+        agree on which one of them executes it.
+        """
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "UPDATE tool_calls SET attempts = attempts + 1, updated_at = ? "
+                "WHERE tool_call_id = ? AND attempts = ? AND status = 'running' RETURNING *",
+                (_ts(), tool_call_id, seen_attempts),
+            )
+        return ToolCall.model_validate(_dec(row)) if row else None
+
     async def list_tool_calls(self, run_id: str) -> list[ToolCall]:
         async with self.tx() as tx:
             rows = await tx.fetchall(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -53,6 +54,36 @@ async def open_pool(url: str, max_size: int = 10) -> AsyncConnectionPool[AsyncCo
     return pool
 
 
+MIGRATION_LOCK = 724301
+CHECKPOINTER_SETUP_LOCK = 724302
+
+
+@asynccontextmanager
+async def advisory_lock(
+    pool: AsyncConnectionPool[AsyncConnection[DictRow]], key: int
+) -> AsyncIterator[None]:
+    """Serialise schema set-up across processes starting at once.
+
+    Polls ``pg_try_advisory_lock`` rather than blocking in ``pg_advisory_lock``:
+    a blocked call is an open transaction, and LangGraph's ``CREATE INDEX
+    CONCURRENTLY`` in the lock holder would wait for it forever (an undetected
+    deadlock between two starting processes).
+    """
+    async with pool.connection() as conn:
+        delay = 0.01
+        while True:
+            cur = await conn.execute("SELECT pg_try_advisory_lock(%s) AS got", (key,))
+            row = await cur.fetchone()
+            if row and row["got"]:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.25)
+        try:
+            yield
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
 class PostgresRunStore(RunStore):
     dialect = "postgres"
     blob_type = "BYTEA"
@@ -65,13 +96,8 @@ class PostgresRunStore(RunStore):
     @classmethod
     async def open(cls, pool: AsyncConnectionPool[AsyncConnection[DictRow]]) -> PostgresRunStore:
         store = cls(pool)
-        async with pool.connection() as conn:
-            # Serialise concurrent migrations from several processes starting at once.
-            await conn.execute("SELECT pg_advisory_lock(724301)")
-            try:
-                await store.migrate()
-            finally:
-                await conn.execute("SELECT pg_advisory_unlock(724301)")
+        async with advisory_lock(pool, MIGRATION_LOCK):
+            await store.migrate()
         return store
 
     @asynccontextmanager

@@ -91,11 +91,7 @@ def test_describe_has_schema_and_risk(registry: ToolRegistry) -> None:
     assert described["schema"]["required"] == ["sku"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: tools/registry.py _version_key mixes int and str parts, so resolving the "
-    "latest of '2' and '2.0-rc1' compares int with str and raises TypeError",
-)
-def test_latest_with_a_non_numeric_version_part() -> None:
-    reg = ToolRegistry([spec("t", "2.0"), spec("t", "2.0-rc1")])
-    assert reg.resolve("t") is not None
+def test_a_release_outranks_its_pre_release() -> None:
+    # Mixed numeric and text parts must compare without a TypeError.
+    reg = ToolRegistry([spec("t", "2.0"), spec("t", "2.0-rc1"), spec("t", "1.9")])
+    assert reg.resolve("t").version == "2.0"  # type: ignore[union-attr]

@@ -1,0 +1,157 @@
+"""The run store on SQLite and PostgreSQL: event sequence, idempotency, CAS, pagination."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from runtime.errors import Code, RuntimeProblem
+from runtime.events import EventType
+from runtime.model import Approval, utcnow
+from runtime.store.base import RunStore
+from tests.unit.conftest import MakeRun, build_run
+
+
+def store_of(backend: object) -> RunStore:
+    return backend.store  # type: ignore[attr-defined,no-any-return]
+
+
+async def test_concurrent_appends_get_gapless_sequence_numbers(
+    backend: object, make_run: MakeRun
+) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+
+    seqs = await asyncio.gather(
+        *(store.append_event(run.run_id, EventType.ERROR, {"i": i}) for i in range(20))
+    )
+
+    assert sorted(seqs) == list(range(2, 22))  # seq 1 is the run's creation
+    events = await store.list_events(run.run_id)
+    assert [e.seq for e in events] == list(range(1, 22))
+    assert sorted(e.data["i"] for e in events[1:]) == list(range(20))
+
+
+async def test_events_are_per_run_and_paged_by_seq(backend: object, make_run: MakeRun) -> None:
+    store = store_of(backend)
+    a, b = await make_run(store), await make_run(store)
+    for _ in range(3):
+        await store.append_event(a.run_id, EventType.ERROR, {})
+    assert await store.append_event(b.run_id, EventType.ERROR, {}) == 2
+    assert [e.seq for e in await store.list_events(a.run_id, after=2, limit=1)] == [3]
+
+
+async def test_dedupe_key_suppresses_a_second_event(backend: object, make_run: MakeRun) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+
+    first = await store.append_event(run.run_id, EventType.ERROR, {"n": 1}, dedupe_key="k")
+    second = await store.append_event(run.run_id, EventType.ERROR, {"n": 2}, dedupe_key="k")
+    other = await store.append_event(run.run_id, EventType.ERROR, {"n": 3}, dedupe_key="k2")
+
+    assert (first, second, other) == (2, None, 3)
+    assert [e.data for e in await store.list_events(run.run_id, after=1)] == [{"n": 1}, {"n": 3}]
+
+
+async def test_append_to_a_missing_run_raises(backend: object) -> None:
+    with pytest.raises(RuntimeProblem) as info:
+        await store_of(backend).append_event("run-nope", EventType.ERROR, {})
+    assert info.value.code is Code.RUN_NOT_FOUND
+
+
+async def test_create_run_idempotency(backend: object) -> None:
+    store = store_of(backend)
+    first, created = await store.create_run(build_run(idempotency_key="key-1"), "hash-a")
+    assert created
+
+    again, created = await store.create_run(build_run(idempotency_key="key-1"), "hash-a")
+    assert not created
+    assert again.run_id == first.run_id
+
+    with pytest.raises(RuntimeProblem) as info:
+        await store.create_run(build_run(idempotency_key="key-1"), "hash-b")
+    assert info.value.code is Code.IDEMPOTENCY_CONFLICT
+    assert info.value.extra["run_id"] == first.run_id
+
+    runs, _ = await store.list_runs()
+    assert [r.run_id for r in runs] == [first.run_id]
+    assert len(await store.list_events(first.run_id)) == 1
+
+
+async def test_only_one_of_concurrent_decisions_wins(backend: object, make_run: MakeRun) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+    approval = Approval(
+        approval_id="ap-1",
+        run_id=run.run_id,
+        tool_call_id="tc-1",
+        tool="refund@1",
+        args={"amount": 5},
+        args_hash="h",
+        risk="high",
+        reason="high risk",
+        status="pending",
+        created_at=utcnow(),
+    )
+    await store.ensure_approval(approval, {"approval_id": "ap-1"})
+    decisions = ["approved" if i % 2 else "rejected" for i in range(10)]
+
+    results = await asyncio.gather(
+        *(
+            store.decide_approval("ap-1", d, decided_by=f"user-{i}", comment=None)  # type: ignore[arg-type]
+            for i, d in enumerate(decisions)
+        )
+    )
+
+    winners = [i for i, (_, won) in enumerate(results) if won]
+    assert len(winners) == 1
+    final = await store.get_approval("ap-1")
+    assert final is not None
+    assert final.status == decisions[winners[0]]
+    assert final.decided_by == f"user-{winners[0]}"
+    assert all(row.status == final.status for row, _ in results)
+    types = [e.type for e in await store.list_events(run.run_id)]
+    assert types.count("approval_request") == 1 and types.count("approval_result") == 1
+
+
+async def test_list_runs_pages_through_every_run_once(backend: object) -> None:
+    store = store_of(backend)
+    base = utcnow()
+    # Several runs share a created_at: the cursor must break ties by run_id.
+    stamps = [base, base, base, base + timedelta(seconds=1), base + timedelta(seconds=2)] * 2
+    created = {(await store.create_run(build_run(created_at=t), "h"))[0].run_id for t in stamps}
+
+    seen: list[str] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        runs, cursor = await store.list_runs(limit=3, cursor=cursor)
+        seen += [r.run_id for r in runs]
+        pages += 1
+        if cursor is None:
+            break
+
+    assert sorted(seen) == sorted(created)
+    assert len(seen) == len(created) == 10
+    assert pages == 4
+
+
+async def test_list_runs_cursor_rejects_garbage(backend: object) -> None:
+    with pytest.raises(RuntimeProblem) as info:
+        await store_of(backend).list_runs(cursor="%%%not-base64")
+    assert info.value.code is Code.VALIDATION_ERROR
+
+
+async def test_two_processes_can_open_one_postgres_database_at_once(pg_schema_url: str) -> None:
+    from runtime.backend import open_backend
+
+    tasks = [asyncio.create_task(open_backend(pg_schema_url)) for _ in range(2)]
+    done, pending = await asyncio.wait(tasks, timeout=10)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for task in done:
+        await task.result().close()
+    assert not pending, "open_backend deadlocked"
