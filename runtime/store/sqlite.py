@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -56,14 +57,27 @@ class SqliteRunStore(RunStore):
 
     @asynccontextmanager
     async def tx(self) -> AsyncIterator[_SqliteTx]:
+        # aiosqlite runs statements in order on its own thread, so a shielded
+        # COMMIT/ROLLBACK still lands before the next BEGIN even when the caller
+        # is cancelled (an SSE client hanging up) in the middle of a transaction.
         async with self._lock:
-            await self._conn.execute("BEGIN IMMEDIATE")
             try:
+                await self._conn.execute("BEGIN IMMEDIATE")
                 yield _SqliteTx(self._conn)
             except BaseException:
-                await self._conn.execute("ROLLBACK")
+                await asyncio.shield(self._rollback())
                 raise
-            await self._conn.execute("COMMIT")
+            try:
+                await asyncio.shield(self._conn.execute("COMMIT"))
+            except sqlite3.OperationalError:
+                await asyncio.shield(self._rollback())
+                raise
+
+    async def _rollback(self) -> None:
+        try:
+            await self._conn.execute("ROLLBACK")
+        except sqlite3.OperationalError:
+            pass  # BEGIN never ran, or SQLite already rolled back
 
     async def ping(self) -> None:
         async with self._lock:

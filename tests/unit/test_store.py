@@ -155,3 +155,18 @@ async def test_two_processes_can_open_one_postgres_database_at_once(pg_schema_ur
     for task in done:
         await task.result().close()
     assert not pending, "open_backend deadlocked"
+
+
+async def test_callers_cancelled_mid_transaction_leave_the_store_usable(backend: object) -> None:
+    """An SSE client hanging up cancels a read inside its transaction; nothing may stick."""
+    store = store_of(backend)
+    for yields in range(12):
+        for _ in range(4):
+            task = asyncio.create_task(store.list_events("run-x", 0))
+            for _ in range(yields):
+                await asyncio.sleep(0)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    await store.ping()
+    assert await store.list_events("run-x", 0) == []
+    assert await store.get_run("run-x") is None
