@@ -53,6 +53,10 @@ def build_tools(data_dir: Path) -> ToolRegistry:
             fh.write(f"{ctx.tool_call_id} {args.label}\n")
         return {"label": args.label}
 
+    async def uncount(args: CounterArgs, output: object, ctx: ToolContext) -> None:
+        with (data_dir / "counter.log").open("a") as fh:
+            fh.write(f"{ctx.tool_call_id} undo\n")
+
     async def sleep(args: SleepArgs, ctx: ToolContext) -> dict[str, object]:
         with (data_dir / "sleep.log").open("a") as fh:
             fh.write(f"{ctx.tool_call_id}\n")
@@ -76,6 +80,7 @@ def build_tools(data_dir: Path) -> ToolRegistry:
                 counter,
                 side_effect=True,
                 idempotent=False,
+                compensate=uncount,
             ),
             ToolSpec("sleep", "1", "Sleep (idempotent).", SleepArgs, sleep, timeout_s=60),
             ToolSpec("flaky", "1", "Always unavailable.", SleepArgs, flaky, max_attempts=3),

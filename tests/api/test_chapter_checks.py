@@ -185,3 +185,19 @@ async def test_7_active_time_budget_stops_a_hanging_tool(api: Api) -> None:
     final = await api.settle(run["run_id"])
     assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
     assert "timeout_s" in final["outcome"]["message"]
+
+
+async def test_7_cancel_with_compensation_records_what_ran(api: Api) -> None:
+    run = await api.create(agent_id="slow_worker", input="sleep 30")
+    run_id = run["run_id"]
+    await api.wait_event(run_id, lambda e: e["type"] == "action" and e["data"]["tool"] == "sleep")
+    resp = await api.client.post(
+        f"/runs/{run_id}/cancel", json={"reason": "undo it", "compensate": True}
+    )
+    outcome = resp.json()["outcome"]
+    calls = {c["tool"]: c for c in (await api.client.get(f"/runs/{run_id}/tool-calls")).json()}
+    counter_id = calls["counter"]["tool_call_id"]
+    assert outcome["side_effects"] == [counter_id]
+    assert outcome["compensations"] == [counter_id]
+    assert calls["counter"]["compensated"] is True
+    assert counter_lines(api.settings.data_dir) == [f"{counter_id} once", f"{counter_id} undo"]
