@@ -39,10 +39,16 @@ def failure_trigger(code: Code, current: State) -> Trigger:
 async def side_effects(store: RunStore, run_id: str) -> tuple[list[str], list[str]]:
     """(side-effecting tool calls that happened or may have, those compensated)."""
     rows = await store.list_tool_calls(run_id)
+    maybe = (Code.TOOL_UNAVAILABLE.value, Code.TOOL_FAILED.value)
     happened = [
         r.tool_call_id
         for r in rows
-        if r.side_effect and r.status in ("succeeded", "unknown", "cancelled")
+        if r.side_effect
+        and (
+            r.status in ("succeeded", "unknown", "cancelled")
+            # A handler that started and then failed may have done its effect first.
+            or (r.status == "failed" and r.attempts > 0 and (r.error or {}).get("code") in maybe)
+        )
     ]
     return happened, [r.tool_call_id for r in rows if r.compensated]
 
@@ -59,6 +65,11 @@ async def fail_run(
     run = await store.get_run(run_id)
     if run is None or run.state in TERMINAL:
         return run
+    await store.interrupt_running_calls(run_id, code, message)
+    for approval in await store.list_approvals(run_id=run_id, status="pending"):
+        await store.decide_approval(
+            approval.approval_id, "expired", decided_by="runtime", comment=f"run ended: {code}"
+        )
     happened, compensated = await side_effects(store, run_id)
     outcome = Outcome(
         status="failed",
@@ -111,7 +122,11 @@ class Adapter:
         self.state = run.state
 
     async def on_stop(self, values: dict[str, Any], interrupts: list[Any]) -> Run | None:
-        """Map how the graph stopped onto the lifecycle."""
+        """Map how the graph stopped onto the lifecycle.
+
+        Returns None for an interrupt whose approval was decided meanwhile: the
+        caller resumes the graph instead of parking the run.
+        """
         self.values = values or self.values
         if interrupts:
             request = interrupts[0]
@@ -121,21 +136,19 @@ class Adapter:
                 tool=request["tool"],
                 reason=request.get("reason", ""),
             )
-            if self.state is State.WAITING_HUMAN:
-                await self.store.update_run(self.run_id, pending_approval=pending)
-                return await self.store.get_run(self.run_id)
             if self.state is State.PLANNING:
                 # A graph that interrupts straight from planning still reads as executing first.
                 await self.on_task_start("executor")
-            run = await self.store.transition(
+            parked = await self.store.park(
                 self.run_id,
-                Trigger.NEED_APPROVAL,
-                expect=self.state,
+                pending.approval_id,
+                self.state,
                 pending_approval=pending,
                 **self._progress(),
             )
-            self.state = run.state
-            return run
+            if parked is not None:
+                self.state = parked.state
+            return parked
         outcome = self.values.get("outcome")
         if outcome and outcome.get("status") == "succeeded":
             if self.state is State.PLANNING:

@@ -1,9 +1,12 @@
-"""The engine: creates runs and drives them through their graphs; resumes, cancels, recovers.
+"""The engine: creates runs and drives them through their graphs under a lease.
 
-One driver task per run at a time, under that run's lock. Graph state is
-checkpointed with ``durability="sync"``: a superstep's checkpoint is written
-before the next superstep starts, so a crash loses at most the superstep that
-was running, and the ledger makes re-running that superstep safe.
+A run that needs driving (new, decided, cancelled, orphaned) is claimed by a
+worker (:mod:`runtime.worker`) with a lease whose version is a fencing token:
+every store write of the drive checks it, so a worker that lost its lease
+cannot write over the new owner. Graph state is checkpointed with
+``durability="sync"``: a superstep's checkpoint is written before the next one
+starts, so a crash loses at most the superstep that was running, and the
+ledger makes re-running that superstep safe.
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import sqlite3
+import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -24,17 +31,28 @@ from runtime.agent import AgentSpec
 from runtime.budget import Maxima, effective_limits
 from runtime.context import Context
 from runtime.errors import Code, RuntimeProblem
+from runtime.eventbus import EventBus
 from runtime.ids import content_hash, new_run_id
 from runtime.ledger import StoreArtifacts
-from runtime.lifecycle import TERMINAL, State, Trigger
-from runtime.model import Approval, ApprovalDecision, Run, RunContext, RunCreate, Usage, utcnow
-from runtime.store.base import RunStore
+from runtime.lifecycle import TERMINAL, State
+from runtime.model import Approval, ApprovalDecision, Run, RunCreate, Usage, utcnow
+from runtime.store.base import LeaseLost, RunStore
 from runtime.tooling import ToolContext
 
 log = logging.getLogger(__name__)
 
 RECURSION_LIMIT = 100_000  # the run's own budgets bound the loop, not LangGraph's step cap
-TRANSIENT_DB_ERRORS = (psycopg.OperationalError, sqlite3.OperationalError)
+TRANSIENT_DB_ERRORS = (psycopg.OperationalError, sqlite3.OperationalError, OSError)
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class Drive:
+    task: asyncio.Task[None]
+    version: int
 
 
 class Engine:
@@ -46,6 +64,9 @@ class Engine:
         *,
         default_agent: str,
         maxima: Maxima | None = None,
+        bus: EventBus | None = None,
+        owner: str | None = None,
+        lease_s: float = 30.0,
     ) -> None:
         if default_agent not in agents:
             raise ValueError(f"default agent {default_agent!r} is not registered")
@@ -53,18 +74,25 @@ class Engine:
         self.agents = dict(agents)
         self.default_agent = default_agent
         self.maxima = maxima or Maxima()
+        self.bus = bus or EventBus()
+        self.owner = owner or default_owner()
+        self.lease_s = lease_s
         self.graphs = {
             agent_id: spec.builder.compile(checkpointer=checkpointer, name=agent_id)
             for agent_id, spec in self.agents.items()
         }
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._cancels: dict[str, tuple[str, bool]] = {}
+        self.drives: dict[str, Drive] = {}
+        self._cancelling: set[str] = set()
+        self.work = asyncio.Event()
+        """Set when there may be a run to claim; the worker waits on it."""
+
+    def wake(self) -> None:
+        self.work.set()
 
     # -- creating -------------------------------------------------------------
 
     async def create_run(self, request: RunCreate) -> tuple[Run, bool]:
-        """Create a run (or find the one with the same idempotency key) and start it."""
+        """Create a run (or find the one with the same idempotency key); a worker starts it."""
         agent_id = request.agent_id or self.default_agent
         if agent_id not in self.agents:
             raise RuntimeProblem(Code.AGENT_NOT_FOUND, f"no agent {agent_id!r}")
@@ -86,45 +114,63 @@ class Engine:
         )
         run, created = await self.store.create_run(run, fingerprint)
         if created:
-            self.schedule(run.run_id)
+            self.wake()
         return run, created
 
     # -- driving --------------------------------------------------------------
 
-    def _lock(self, run_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(run_id, asyncio.Lock())
-
-    def schedule(self, run_id: str, resume: Any = None) -> asyncio.Task[None]:
-        task = asyncio.create_task(self._drive(run_id, resume), name=f"drive:{run_id}")
-        self._tasks[run_id] = task
+    def start_drive(self, run_id: str, version: int) -> None:
+        """Drive a run this process has just leased (called by the worker)."""
+        task = asyncio.create_task(self._drive(run_id, version), name=f"drive:{run_id}")
+        self.drives[run_id] = Drive(task, version)
         task.add_done_callback(lambda t: self._forget(run_id, t))
-        return task
 
     def _forget(self, run_id: str, task: asyncio.Task[None]) -> None:
-        if self._tasks.get(run_id) is task:
-            del self._tasks[run_id]
+        drive = self.drives.get(run_id)
+        if drive is not None and drive.task is task:
+            del self.drives[run_id]
         if not task.cancelled() and task.exception() is not None:
             log.error("driver of %s failed", run_id, exc_info=task.exception())
+        self.wake()  # a slot is free
+        self.bus.publish(run_id, 0)  # wake anyone waiting for the run to settle
 
-    async def wait_idle(self, run_id: str) -> None:
-        """Wait until no driver is working on ``run_id`` in this process."""
-        task = self._tasks.get(run_id)
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.shield(task)
+    async def _drive(self, run_id: str, version: int) -> None:
+        store = self.store.fenced(run_id, version)
+        release: bool | None = None  # needs_drive after release; None: leave as is
+        try:
+            cancel = await store.cancel_requested(run_id)
+            if cancel is not None:
+                await self._finish_cancel(store, run_id, *cancel)
+            else:
+                await self._drive_graph(store, run_id)
+        except LeaseLost:
+            log.warning("lost the lease on %s; another worker drives it now", run_id)
+            return
+        except asyncio.CancelledError:
+            if run_id in self._cancelling:
+                cancel = await asyncio.shield(store.cancel_requested(run_id))
+                reason, compensate = cancel or ("cancelled", False)
+                await asyncio.shield(self._finish_cancel(store, run_id, reason, compensate))
+            else:  # shutdown: hand the run to the next worker, from its checkpoint
+                release = True
+                await asyncio.shield(self._release(run_id, version, True))
+                raise
+        except TRANSIENT_DB_ERRORS:
+            log.exception("database error while driving %s; it will be retried", run_id)
+            release = True
+        except Exception as exc:
+            log.exception("run %s failed", run_id)
+            await fail_run(store, run_id, Code.INTERNAL_ERROR, repr(exc))
+        finally:
+            self._cancelling.discard(run_id)
+        await asyncio.shield(self._release(run_id, version, release))
 
-    async def _drive(self, run_id: str, resume: Any) -> None:
-        async with self._lock(run_id):
-            try:
-                await self._drive_locked(run_id, resume)
-            except asyncio.CancelledError:
-                if run_id not in self._cancels:
-                    raise  # shutdown: leave the run to be recovered from its checkpoint
-                reason, compensate = self._cancels.pop(run_id)
-                await asyncio.shield(self._finish_cancel(run_id, reason, compensate))
+    async def _release(self, run_id: str, version: int, needs_drive: bool | None) -> None:
+        with contextlib.suppress(*TRANSIENT_DB_ERRORS):
+            await self.store.release_lease(run_id, self.owner, version, needs_drive=needs_drive)
 
-    async def _drive_locked(self, run_id: str, resume: Any) -> None:
-        run = await self.store.get_run(run_id)
+    async def _drive_graph(self, store: RunStore, run_id: str) -> None:
+        run = await store.get_run(run_id)
         if run is None or run.state in TERMINAL:
             return
         graph = self.graphs[run.agent_id]
@@ -134,92 +180,83 @@ class Engine:
         }
         snapshot = await graph.aget_state(config)
         graph_input: Any
-        if resume is not None:
-            graph_input = resume
-        elif not snapshot.values:
+        if not snapshot.values:
             graph_input = {
                 "input": run.input,
                 "context": run.context.model_dump(mode="json"),
                 "limits": run.limits.model_dump(),
                 "usage": Usage().model_dump(),
             }
-        elif snapshot.interrupts:
-            graph_input = await self._decided_resume(snapshot.interrupts[0].value)
-            if graph_input is None:
-                adapter = Adapter(self.store, run)
-                await adapter.on_stop(snapshot.values, [i.value for i in snapshot.interrupts])
-                return
         else:
             graph_input = None  # continue from the last checkpoint
-        usage = Usage.model_validate((snapshot.values or {}).get("usage") or {})
-        ctx = Context(run_id=run_id, store=self.store, active_base_s=usage.active_s)
-        adapter = Adapter(self.store, run)
-        remaining = run.limits.timeout_s - usage.active_s
-        try:
-            async with asyncio.timeout(max(remaining, 0.001)):
-                async for mode, part in graph.astream(
-                    graph_input,
-                    config,
-                    context=ctx,
-                    stream_mode=["tasks", "values"],
-                    durability="sync",
-                ):
-                    if mode == "values":
-                        await adapter.on_values(part)
-                    elif mode == "tasks" and "input" in part:
-                        await adapter.on_task_start(part["name"])
-        except TimeoutError:
-            await self.store.update_run(
-                run_id, usage=usage.model_copy(update={"active_s": ctx.active_s()}).model_dump()
-            )
-            await fail_run(
-                self.store,
-                run_id,
-                Code.RUN_BUDGET_EXCEEDED,
-                f"timeout_s {run.limits.timeout_s} reached",
-            )
-            return
-        except TRANSIENT_DB_ERRORS:
-            # The run is not lost: it stays where its checkpoint is and is resumed later.
-            log.exception("database error while driving %s; leaving it to recovery", run_id)
-            return
-        except Exception as exc:
-            log.exception("run %s failed", run_id)
-            await fail_run(self.store, run_id, Code.INTERNAL_ERROR, repr(exc))
-            return
-        final = await graph.aget_state(config)
-        await adapter.on_stop(final.values, [i.value for i in final.interrupts])
+        adapter = Adapter(store, run)
+        values, interrupts = snapshot.values, [i.value for i in snapshot.interrupts]
+        while True:
+            if interrupts:
+                resume = await self._decided_resume(store, interrupts[0])
+                if resume is None:
+                    if await adapter.on_stop(values, interrupts) is not None:
+                        return  # parked until a human decides
+                    continue  # decided while parking: look again
+                graph_input = resume
+            elif snapshot.values and graph_input is None and not snapshot.next:
+                await adapter.on_stop(values, [])  # the graph had ended before a crash
+                return
+            usage = Usage.model_validate((values or {}).get("usage") or {})
+            ctx = Context(run_id=run_id, store=store, active_base_s=usage.active_s)
+            remaining = run.limits.timeout_s - usage.active_s
+            try:
+                async with asyncio.timeout(max(remaining, 0.001)):
+                    async for mode, part in graph.astream(
+                        graph_input,
+                        config,
+                        context=ctx,
+                        stream_mode=["tasks", "values"],
+                        durability="sync",
+                    ):
+                        if mode == "values":
+                            await adapter.on_values(part)
+                        elif mode == "tasks" and "input" in part:
+                            await adapter.on_task_start(part["name"])
+            except TimeoutError:
+                await store.update_run(
+                    run_id, usage=usage.model_copy(update={"active_s": ctx.active_s()}).model_dump()
+                )
+                await fail_run(
+                    store,
+                    run_id,
+                    Code.RUN_BUDGET_EXCEEDED,
+                    f"timeout_s {run.limits.timeout_s} reached",
+                )
+                return
+            snapshot = await graph.aget_state(config)
+            values, interrupts = snapshot.values, [i.value for i in snapshot.interrupts]
+            if not interrupts:
+                await adapter.on_stop(values, [])
+                return
 
-    async def _decided_resume(self, request: Mapping[str, Any]) -> Command[Any] | None:
+    async def _decided_resume(self, store: RunStore, request: Mapping[str, Any]) -> Any:
         """The resume command for an interrupt whose approval was decided, if it was."""
-        approval = await self.store.get_approval(request["approval_id"])
+        approval = await store.get_approval(request["approval_id"])
         if approval is None or approval.status == "pending":
             return None
         return Command(resume=_resume_payload(approval))
 
-    async def checkpoint(self, run: Run) -> dict[str, Any]:
-        """The latest checkpoint of the run's graph, in the chapter's shape (DESIGN §6)."""
-        config = {"configurable": {"thread_id": run.run_id}}
-        snapshot = await self.graphs[run.agent_id].aget_state(config)
-        values = snapshot.values or {}
-        step = values.get("step_index", 0)
-        usage = values.get("usage") or {}
-        memory_version = values.get("memory_version", 0)
-        return {
-            "run_id": run.run_id,
-            "state": run.state.value,
-            "step_index": step,
-            "checkpoint_id": (snapshot.config or {}).get("configurable", {}).get("checkpoint_id"),
-            "next": list(snapshot.next),
-            "planner_context_ref": f"mem://{run.run_id}/planner-v{step}",
-            "tool_calls": list(values.get("tool_calls", [])),
-            "memory_snapshot": f"memory://{run.run_id}/v{memory_version}",
-            "handoff_stack": list(values.get("handoff_stack", [])),
-            "pending_approval": (
-                run.pending_approval.model_dump(mode="json") if run.pending_approval else None
-            ),
-            "budget": usage,
-        }
+    async def wait_settled(self, run_id: str, within_s: float = 60.0) -> Run:
+        """Wait until the run is terminal or parked, with no drive of this process on it."""
+        async with asyncio.timeout(within_s):
+            with self.bus.subscribe(run_id) as waiter:
+                while True:
+                    waiter.clear()
+                    run = await self.store.get_run(run_id)
+                    if run is None:
+                        raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run_id}")
+                    lease = await self.store.lease_of(run_id) or {}
+                    parked = run.state is State.WAITING_HUMAN and not lease.get("needs_drive")
+                    if (run.state in TERMINAL or parked) and run_id not in self.drives:
+                        return run
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(waiter.wait(), 0.5)
 
     # -- approvals ------------------------------------------------------------
 
@@ -238,19 +275,11 @@ class Engine:
             raise RuntimeProblem(Code.APPROVAL_NOT_FOUND, f"no approval {approval_id} on {run_id}")
         status: ApprovalDecision = "approved" if decision == "approve" else "rejected"
         if approval.status == "pending":
-            # Wait for this process's driver to park the run before deciding.
-            await self.wait_idle(run_id)
-            async with self._lock(run_id):
-                approval, won = await self.store.decide_approval(
-                    approval_id,
-                    status,
-                    decided_by=decided_by,
-                    comment=comment,
-                    run_trigger=Trigger.APPROVED if status == "approved" else None,
-                    run_fields={"pending_approval": None} if status == "approved" else None,
-                )
+            approval, won = await self.store.decide_approval(
+                approval_id, status, decided_by=decided_by, comment=comment
+            )
             if won:
-                self.schedule(run_id, Command(resume=_resume_payload(approval)))
+                self.wake()
                 return approval, True
         if approval.status != status:
             raise RuntimeProblem(
@@ -262,7 +291,14 @@ class Engine:
 
     # -- cancelling -----------------------------------------------------------
 
-    async def cancel(self, run_id: str, reason: str, *, compensate: bool = False) -> Run:
+    async def cancel(
+        self, run_id: str, reason: str, *, compensate: bool = False, wait_s: float | None = None
+    ) -> Run:
+        """Ask for the run to stop; whoever drives it stops it and records what happened.
+
+        Returns once the run is terminal, or after ``wait_s`` (the lease time by
+        default) with the run as it is; the cancellation still goes through.
+        """
         run = await self.store.get_run(run_id)
         if run is None:
             raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run_id}")
@@ -270,95 +306,107 @@ class Engine:
             if run.outcome is not None and run.outcome.code is Code.RUN_CANCELLED:
                 return run
             raise RuntimeProblem(Code.RUN_STATE_CONFLICT, f"run is already {run.state.value}")
-        await self.store.request_cancel(run_id, reason)
-        task = self._tasks.get(run_id)
-        if task is not None and not task.done():
-            self._cancels[run_id] = (reason, compensate)
-            task.cancel()
-            await self.wait_idle(run_id)
-        async with self._lock(run_id):
-            await self._finish_cancel(run_id, reason, compensate)
+        await self.store.request_cancel(run_id, reason, compensate)
+        self.on_cancel_notice(run_id)
+        self.wake()
+        with contextlib.suppress(TimeoutError):
+            return await self._wait_terminal(run_id, wait_s if wait_s is not None else self.lease_s)
         final = await self.store.get_run(run_id)
         assert final is not None
         return final
 
-    async def _finish_cancel(self, run_id: str, reason: str, compensate: bool) -> None:
-        run = await self.store.get_run(run_id)
+    def on_cancel_notice(self, run_id: str) -> None:
+        """A cancel was requested (here or in another process): stop our drive of it."""
+        drive = self.drives.get(run_id)
+        if drive is not None and run_id not in self._cancelling:
+            self._cancelling.add(run_id)
+            drive.task.cancel()
+
+    async def _wait_terminal(self, run_id: str, within_s: float) -> Run:
+        async with asyncio.timeout(within_s):
+            with self.bus.subscribe(run_id) as waiter:
+                while True:
+                    waiter.clear()
+                    run = await self.store.get_run(run_id)
+                    if run is not None and run.state in TERMINAL and run_id not in self.drives:
+                        return run
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(waiter.wait(), 0.5)
+
+    async def _finish_cancel(
+        self, store: RunStore, run_id: str, reason: str, compensate: bool
+    ) -> None:
+        run = await store.get_run(run_id)
         if run is None or run.state in TERMINAL:
             return
-        for approval in await self.store.list_approvals(run_id=run_id, status="pending"):
-            await self.store.decide_approval(
-                approval.approval_id, "expired", decided_by="runtime", comment="run cancelled"
-            )
-        compensated = await self._compensate(run) if compensate else None
+        await store.interrupt_running_calls(run_id, Code.RUN_CANCELLED, "cancelled while running")
+        compensated = await self._compensate(store, run) if compensate else None
         await fail_run(
-            self.store, run_id, Code.RUN_CANCELLED, reason or "cancelled", compensations=compensated
+            store, run_id, Code.RUN_CANCELLED, reason or "cancelled", compensations=compensated
         )
 
-    async def _compensate(self, run: Run) -> list[str]:
-        """Run each declared compensation of a side effect that happened, once."""
-        done: list[str] = []
+    async def _compensate(self, store: RunStore, run: Run) -> list[str]:
+        """Run each declared compensation of a side effect that happened, at most once."""
         tools = self.agents[run.agent_id].tools
-        happened, already = await side_effects(self.store, run.run_id)
-        for row in await self.store.list_tool_calls(run.run_id):
+        _, already = await side_effects(store, run.run_id)
+        done = list(already)
+        for row in await store.list_tool_calls(run.run_id):
             spec = tools.resolve(row.tool, row.version)
-            if row.tool_call_id in already:
-                done.append(row.tool_call_id)
-                continue
-            if row.tool_call_id not in happened or row.status != "succeeded":
+            if row.compensated or row.status != "succeeded" or not row.side_effect:
                 continue
             if spec is None or spec.compensate is None:
+                continue
+            if not await store.claim_compensation(row.tool_call_id):
                 continue
             tctx = ToolContext(
                 run_id=run.run_id,
                 tool_call_id=row.tool_call_id,
                 idempotency_key=row.idempotency_key,
-                context=RunContext.model_validate(run.context.model_dump()),
-                artifacts=StoreArtifacts(self.store, run.run_id),
+                context=run.context,
+                artifacts=StoreArtifacts(store, run.run_id),
             )
             try:
                 await spec.compensate(spec.args_model.model_validate(row.args), row.output, tctx)
             except Exception:
                 log.exception("compensation of %s failed", row.tool_call_id)
+                await store.release_compensation(row.tool_call_id, done=False)
                 continue
-            await self.store.update_tool_call(
-                row.tool_call_id, from_status=("succeeded",), compensated=True
-            )
+            await store.release_compensation(row.tool_call_id, done=True)
             done.append(row.tool_call_id)
         return done
 
-    # -- recovery and shutdown ------------------------------------------------
+    # -- reading --------------------------------------------------------------
 
-    async def recover(self) -> list[str]:
-        """Pick up every run this process should be driving after a (re)start."""
-        resumed: list[str] = []
-        for run_id in await self.store.runs_in_states(
-            [State.PENDING, State.PLANNING, State.EXECUTING]
-        ):
-            reason = await self.store.cancel_requested(run_id)
-            if reason is not None:
-                async with self._lock(run_id):
-                    await self._finish_cancel(run_id, reason, False)
-                continue
-            self.schedule(run_id)
-            resumed.append(run_id)
-        for run_id in await self.store.runs_in_states([State.WAITING_HUMAN]):
-            # A rejection decided just before a crash still has to reach its graph.
-            decided = [
-                a
-                for a in await self.store.list_approvals(run_id=run_id)
-                if a.status in ("approved", "rejected")
-            ]
-            pending = await self.store.list_approvals(run_id=run_id, status="pending")
-            if decided and not pending:
-                self.schedule(run_id)
-                resumed.append(run_id)
-        return resumed
+    async def checkpoint(self, run: Run) -> dict[str, Any]:
+        """The latest checkpoint of the run's graph, in the chapter's shape (DESIGN §6)."""
+        config = {"configurable": {"thread_id": run.run_id}}
+        snapshot = await self.graphs[run.agent_id].aget_state(config)
+        values = snapshot.values or {}
+        step = values.get("step_index", 0)
+        memory_version = values.get("memory_version", 0)
+        return {
+            "run_id": run.run_id,
+            "state": run.state.value,
+            "step_index": step,
+            "checkpoint_id": (snapshot.config or {}).get("configurable", {}).get("checkpoint_id"),
+            "next": list(snapshot.next),
+            "planner_context_ref": f"mem://{run.run_id}/planner-v{step}",
+            "tool_calls": list(values.get("tool_calls", [])),
+            "memory_snapshot": f"memory://{run.run_id}/v{memory_version}",
+            "handoff_stack": list(values.get("handoff_stack", [])),
+            "pending_approval": (
+                run.pending_approval.model_dump(mode="json") if run.pending_approval else None
+            ),
+            "budget": values.get("usage") or {},
+        }
 
-    async def shutdown(self) -> None:
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
+    async def shutdown(self, grace_s: float = 0.0) -> None:
+        """Let drives finish for ``grace_s``, then hand the rest back from their checkpoints."""
+        tasks = [d.task for d in self.drives.values()]
+        if tasks and grace_s > 0:
+            await asyncio.wait(tasks, timeout=grace_s)
+        for drive in list(self.drives.values()):
+            drive.task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

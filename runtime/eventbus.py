@@ -19,6 +19,12 @@ class EventBus:
         for waiter in self._waiters.get(run_id, ()):
             waiter.set()
 
+    def publish_all(self) -> None:
+        """Wake every stream: something may have been missed (a reconnect)."""
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                waiter.set()
+
     @contextmanager
     def subscribe(self, run_id: str) -> Iterator[asyncio.Event]:
         waiter = asyncio.Event()

@@ -6,6 +6,7 @@ from enum import StrEnum
 from typing import Any
 
 from runtime.lifecycle import TERMINAL, State
+from runtime.model import ToolCall
 
 
 class EventType(StrEnum):
@@ -27,6 +28,18 @@ def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:
 
     text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def result_event(row: ToolCall) -> dict[str, Any]:
+    """The ``result`` event of a ledger row that finished (or was closed)."""
+    return {
+        "tool_call_id": row.tool_call_id,
+        "tool": row.tool,
+        "status": row.status,
+        "output": summarize(row.output) if row.output is not None else None,
+        "artifact_id": row.artifact_id,
+        "error": row.error,
+    }
 
 
 def is_terminal_event(event_type: str, data: dict[str, Any]) -> bool:

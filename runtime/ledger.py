@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from runtime.errors import Code
-from runtime.events import summarize
+from runtime.events import result_event, summarize
 from runtime.ids import idempotency_key
 from runtime.model import ToolCall, utcnow
 from runtime.store.base import RunStore
@@ -82,21 +82,13 @@ def new_ledger_row(
     )
 
 
-def result_event(row: ToolCall) -> dict[str, Any]:
-    return {
-        "tool_call_id": row.tool_call_id,
-        "tool": row.tool,
-        "status": row.status,
-        "output": summarize(row.output) if row.output is not None else None,
-        "artifact_id": row.artifact_id,
-        "error": row.error,
-    }
-
-
 async def _run_handler(
     spec: ToolSpec, args: BaseModel, tctx: ToolContext
 ) -> tuple[str, Any, dict[str, Any] | None, int]:
     """(status, output, error, attempts) after bounded retries of transient faults."""
+    # A side effect that is not idempotent is never retried blind: a timeout may
+    # come after the effect. The caller reconciles or marks the outcome unknown.
+    max_attempts = 1 if spec.side_effect and not spec.idempotent else spec.max_attempts
     attempt = 0
     while True:
         attempt += 1
@@ -107,7 +99,7 @@ async def _run_handler(
             return "failed", None, {"code": Code.TOOL_BUSINESS_ERROR, "message": str(exc)}, attempt
         except (ToolUnavailable, TimeoutError) as exc:
             message = str(exc) or f"{spec.ref} timed out after {spec.timeout_s}s"
-            if attempt >= spec.max_attempts:
+            if attempt >= max_attempts:
                 return "failed", None, {"code": Code.TOOL_UNAVAILABLE, "message": message}, attempt
             delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
             await asyncio.sleep(delay * (0.5 + random.random()))
@@ -201,16 +193,26 @@ async def execute_once(
     if claimed is None:
         return await _await_other_driver(store, current, spec)
     current = claimed
-    try:
-        status, output, error, attempts = await _run_handler(spec, args, tctx)
-    except asyncio.CancelledError:
-        await asyncio.shield(
-            store.update_tool_call(
-                current.tool_call_id,
-                result=result_event(current.model_copy(update={"status": "cancelled"})),
-                status="cancelled",
-                error={"code": Code.RUN_CANCELLED, "message": "cancelled while running"},
-            )
-        )
-        raise
-    return await _finish(store, current, status, output, error, attempts - 1, tctx.artifacts)
+    # On cancellation (user cancel, timeout, shutdown) the row stays `running` with its
+    # attempt counted: a restart applies the rules above; a run that ends instead
+    # closes it with interrupt_running_calls.
+    status, output, error, attempts = await _run_handler(spec, args, tctx)
+    if (
+        status == "failed"
+        and (error or {}).get("code") == Code.TOOL_UNAVAILABLE
+        and spec.side_effect
+        and not spec.idempotent
+    ):
+        found = await spec.reconcile(args, tctx) if spec.reconcile is not None else None
+        if found is not None:
+            status, output, error = "succeeded", found, None
+        elif spec.reconcile is None:
+            status = "unknown"
+            error = {
+                "code": Code.TOOL_OUTCOME_UNKNOWN,
+                "message": f"{(error or {}).get('message')}; the effect may have happened",
+            }
+    # Shielded: once the handler has returned, its outcome must reach the ledger.
+    return await asyncio.shield(
+        _finish(store, current, status, output, error, attempts - 1, tctx.artifacts)
+    )

@@ -9,47 +9,29 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 
 from runtime.agent import AgentSpec
-from runtime.backend import open_backend
-from runtime.engine import Engine
 from runtime.errors import Code
-from runtime.eventbus import EventBus
-from server.agents import load_agents
 from server.api import problems
 from server.api.deps import Services
 from server.api.routes import approvals, runs, system
+from server.host import open_host
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 def create_app(
-    settings: Settings | None = None, agents: Mapping[str, AgentSpec] | None = None
+    settings: Settings | None = None,
+    agents: Mapping[str, AgentSpec] | None = None,
+    *,
+    run_worker: bool = True,
 ) -> FastAPI:
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        backend = await open_backend(settings.resolved_database_url)
-        bus = EventBus()
-        backend.store.add_listener(bus.publish)
-        hosted = dict(agents) if agents is not None else load_agents(settings)
-        engine = Engine(
-            backend.store,
-            backend.checkpointer,
-            hosted,
-            default_agent=settings.default_agent,
-            maxima=settings.maxima(),
-        )
-        app.state.services = Services(settings, backend.store, engine, bus)
-        resumed = await engine.recover()
-        if resumed:
-            log.info("resuming %d run(s) from their checkpoints", len(resumed))
-        try:
+        async with open_host(settings, agents, run_worker=run_worker) as host:
+            app.state.services = Services(settings, host.store, host.engine, host.bus)
             yield
-        finally:
-            await engine.shutdown()
-            await backend.close()
 
     app = FastAPI(
         title="agent-runtime",

@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     max_cost_usd: float = 50.0
     max_timeout_s: float = 3600.0
     sse_keepalive_s: float = 15.0
+    lease_seconds: float = 30.0
+    """How long a worker's claim on a run lasts without a heartbeat (renewed every third)."""
+    worker_concurrency: int = 8
+    """Runs one process drives at once."""
+    shutdown_grace_s: float = 10.0
+    """On SIGTERM: how long current drives may finish before they are handed back."""
     log_level: str = "info"
 
     @cached_property

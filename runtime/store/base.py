@@ -8,16 +8,17 @@ change that an event describes is written in the same transaction as the event.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from enum import Enum
 from typing import Any, Protocol
 
 from runtime.errors import Code, RuntimeProblem
-from runtime.events import EventType
+from runtime.events import EventType, result_event
 from runtime.lifecycle import State, Trigger, transition
 from runtime.model import (
     Approval,
@@ -29,6 +30,7 @@ from runtime.model import (
     ToolCall,
     utcnow,
 )
+from runtime.store.leases import CANCEL_CHANNEL, EVENTS_CHANNEL, WORK_CHANNEL, LeaseQueries
 from runtime.store.schema import MIGRATIONS
 
 Row = dict[str, Any]
@@ -68,6 +70,7 @@ _RUN_COLUMNS = (
     "created_at",
     "updated_at",
     "ended_at",
+    "needs_drive",
 )
 
 
@@ -122,8 +125,12 @@ def decode_cursor(cursor: str, parts: int = 2) -> list[str]:
     return fields
 
 
-class RunStore(ABC):
-    """SQL shared by every dialect. Subclasses provide :meth:`tx` and :meth:`close`."""
+class LeaseLost(Exception):
+    """This worker's lease on the run was taken over: it must stop writing to the run."""
+
+
+class RunStore(LeaseQueries, ABC):
+    """SQL shared by every dialect. Subclasses provide :meth:`_tx` and :meth:`close`."""
 
     dialect: str
     blob_type: str
@@ -131,12 +138,41 @@ class RunStore(ABC):
 
     def __init__(self) -> None:
         self._listeners: list[EventListener] = []
+        self._fence: tuple[str, int] | None = None
 
     # -- plumbing -------------------------------------------------------------
 
     @abstractmethod
-    def tx(self) -> AbstractAsyncContextManager[Tx]:
+    def _tx(self) -> AbstractAsyncContextManager[Tx]:
         """A transaction that commits on success and rolls back on error."""
+
+    @asynccontextmanager
+    async def tx(self) -> AsyncIterator[Tx]:
+        async with self._tx() as tx:
+            if self._fence is not None:
+                await self._check_fence(tx, *self._fence)
+            yield tx
+
+    def fenced(self, run_id: str, lease_version: int) -> RunStore:
+        """A view of this store whose every transaction first checks the run's lease.
+
+        A worker that lost its lease (paused, partitioned) gets :class:`LeaseLost`
+        instead of writing over the new owner; the check locks the run row, so it
+        holds until the transaction commits.
+        """
+        view = copy.copy(self)
+        view._fence = (run_id, lease_version)
+        return view
+
+    async def _check_fence(self, tx: Tx, run_id: str, lease_version: int) -> None:
+        row = await tx.fetchone(
+            f"SELECT lease_version FROM runs WHERE run_id = ?{self.for_update}", (run_id,)
+        )
+        if row is None or int(row["lease_version"]) != lease_version:
+            raise LeaseLost(f"lease {lease_version} on {run_id} is no longer held")
+
+    async def _announce(self, tx: Tx, channel: str, payload: str) -> None:
+        """Tell other processes, on commit (PostgreSQL NOTIFY); in-process only by default."""
 
     @abstractmethod
     async def close(self) -> None: ...
@@ -193,6 +229,7 @@ class RunStore(ABC):
             "VALUES (?, ?, ?, ?, ?, ?)",
             (run_id, seq, type_.value, _ts(), _enc(data), dedupe_key),
         )
+        await self._announce(tx, EVENTS_CHANNEL, f"{run_id} {seq}")
         out.append((run_id, seq))
         return seq
 
@@ -216,6 +253,7 @@ class RunStore(ABC):
                 "user_id": run.context.user_id,
                 "idempotency_key": key,
                 "request_hash": request_hash,
+                "needs_drive": 1,
             }
             cols = ", ".join(_RUN_COLUMNS)
             marks = ", ".join("?" for _ in _RUN_COLUMNS)
@@ -236,6 +274,7 @@ class RunStore(ABC):
                 {"from": None, "to": run.state.value, "trigger": "create"},
                 appended,
             )
+            await self._announce(tx, WORK_CHANNEL, run.run_id)
         self._notify(appended)
         return run, True
 
@@ -348,7 +387,10 @@ class RunStore(ABC):
         for type_, data in events:
             await self._append(tx, run_id, type_, data, appended)
         if target in (State.SUCCEEDED, State.FAILED):
-            fields = {**fields, "ended_at": utcnow()}
+            fields = {**fields, "ended_at": utcnow(), "needs_drive": 0}
+        elif target is State.WAITING_HUMAN:
+            # Parked: nothing to drive until a human decides (decide_approval sets it again).
+            fields = {**fields, "needs_drive": 0}
         await self._update_run(tx, run_id, state=target, **fields)
         await self._append(
             tx,
@@ -357,6 +399,32 @@ class RunStore(ABC):
             {"from": current.value, "to": target.value, "trigger": trigger.value},
             appended,
         )
+
+    async def park(self, run_id: str, approval_id: str, expect: State, **fields: Any) -> Run | None:
+        """Move the run to waiting_human for ``approval_id``, unless it was decided already.
+
+        Locks the approval row before the run row, in the same order as
+        decide_approval, so a decision cannot slip between the check and the park
+        and be lost. Returns None when the approval is decided: resume instead.
+        """
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            approval = await tx.fetchone(
+                f"SELECT status FROM approvals WHERE approval_id = ?{self.for_update}",
+                (approval_id,),
+            )
+            if approval is not None and approval["status"] != "pending":
+                return None
+            current = await tx.fetchone("SELECT state FROM runs WHERE run_id = ?", (run_id,))
+            if current is not None and current["state"] == State.WAITING_HUMAN.value:
+                await self._update_run(tx, run_id, needs_drive=0, **fields)
+            else:
+                await self._transition(
+                    tx, run_id, Trigger.NEED_APPROVAL, expect, (), fields, appended
+                )
+            updated = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        self._notify(appended)
+        return Run.model_validate(_dec(updated)) if updated else None
 
     async def update_run(self, run_id: str, **fields: Any) -> None:
         """Write progress fields that are not a state change (step_index, usage…)."""
@@ -371,16 +439,24 @@ class RunStore(ABC):
             [*(_enc(v) for v in fields.values()), run_id],
         )
 
-    async def request_cancel(self, run_id: str, reason: str) -> None:
+    async def request_cancel(self, run_id: str, reason: str, compensate: bool) -> None:
+        """Record the intent durably and wake whoever holds (or will claim) the run."""
         async with self.tx() as tx:
             await tx.execute(
-                "UPDATE runs SET cancel_requested = ? WHERE run_id = ?", (reason, run_id)
+                "UPDATE runs SET cancel_requested = ?, needs_drive = 1 WHERE run_id = ?",
+                (_enc({"reason": reason, "compensate": compensate}), run_id),
             )
+            await self._announce(tx, CANCEL_CHANNEL, run_id)
+            await self._announce(tx, WORK_CHANNEL, run_id)
 
-    async def cancel_requested(self, run_id: str) -> str | None:
+    async def cancel_requested(self, run_id: str) -> tuple[str, bool] | None:
+        """(reason, compensate) if a cancel was asked for."""
         async with self.tx() as tx:
             row = await tx.fetchone("SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,))
-        return row["cancel_requested"] if row else None
+        if row is None or row["cancel_requested"] is None:
+            return None
+        intent = json.loads(row["cancel_requested"])
+        return str(intent["reason"]), bool(intent["compensate"])
 
     async def append_event(
         self, run_id: str, type_: EventType, data: dict[str, Any], dedupe_key: str | None = None
@@ -523,6 +599,36 @@ class RunStore(ABC):
             )
         return ToolCall.model_validate(_dec(row)) if row else None
 
+    async def interrupt_running_calls(self, run_id: str, code: Code, message: str) -> None:
+        """Close the ledger rows a stopped run leaves ``running``: their effect is unknown."""
+        for row in await self.list_tool_calls(run_id):
+            if row.status == "running":
+                cancelled = row.model_copy(update={"status": "cancelled"})
+                await self.update_tool_call(
+                    row.tool_call_id,
+                    result=result_event(cancelled),
+                    status="cancelled",
+                    error={"code": code, "message": message},
+                )
+
+    async def claim_compensation(self, tool_call_id: str) -> bool:
+        """True for exactly one caller: it alone runs the call's compensation."""
+        async with self.tx() as tx:
+            got = await tx.fetchone(
+                "UPDATE tool_calls SET compensation_claimed = 1 WHERE tool_call_id = ? "
+                "AND compensation_claimed = 0 AND compensated = 0 RETURNING tool_call_id",
+                (tool_call_id,),
+            )
+        return got is not None
+
+    async def release_compensation(self, tool_call_id: str, *, done: bool) -> None:
+        async with self.tx() as tx:
+            await tx.execute(
+                "UPDATE tool_calls SET compensation_claimed = ?, compensated = ?, updated_at = ? "
+                "WHERE tool_call_id = ?",
+                (int(done), int(done), _ts(), tool_call_id),
+            )
+
     async def list_tool_calls(self, run_id: str) -> list[ToolCall]:
         async with self.tx() as tx:
             rows = await tx.fetchall(
@@ -580,13 +686,13 @@ class RunStore(ABC):
         *,
         decided_by: str,
         comment: str | None,
-        run_trigger: Trigger | None = None,
-        run_fields: dict[str, Any] | None = None,
     ) -> tuple[Approval, bool]:
         """Compare-and-set a pending approval to ``decision``; returns (row, won).
 
-        Only the winner gets ``won``; it alone may resume the run. ``run_trigger``
-        moves the run out of waiting_human in the same transaction.
+        Only the winner gets ``won``. In the same transaction an approval moves a
+        parked run back to executing, and an approve or reject asks for a worker to
+        resume the run (a run still on its way to waiting_human picks the decision
+        up itself when it parks).
         """
         appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
@@ -616,16 +722,26 @@ class RunStore(ABC):
                     },
                     appended,
                 )
-                if run_trigger is not None:
-                    await self._transition(
-                        tx,
-                        row["run_id"],
-                        run_trigger,
-                        State.WAITING_HUMAN,
-                        (),
-                        run_fields or {},
-                        appended,
+                if decision != "expired":
+                    run = await tx.fetchone(
+                        f"SELECT state FROM runs WHERE run_id = ?{self.for_update}",
+                        (row["run_id"],),
                     )
+                    if run is not None and run["state"] == State.WAITING_HUMAN.value:
+                        fields: dict[str, Any] = {"needs_drive": 1}
+                        if decision == "approved":
+                            await self._transition(
+                                tx,
+                                row["run_id"],
+                                Trigger.APPROVED,
+                                State.WAITING_HUMAN,
+                                (),
+                                {**fields, "pending_approval": None},
+                                appended,
+                            )
+                        else:
+                            await self._update_run(tx, row["run_id"], **fields)
+                        await self._announce(tx, WORK_CHANNEL, row["run_id"])
                 row = await tx.fetchone(
                     "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,)
                 )

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from runtime.store.base import Row, RunStore
+from runtime.store.base import Row, RunStore, Tx
+
+log = logging.getLogger(__name__)
 
 # The settings LangGraph's PostgresSaver requires; the run store shares the pool.
 CONNECTION_KWARGS: dict[str, Any] = {
@@ -88,6 +91,8 @@ class PostgresRunStore(RunStore):
     dialect = "postgres"
     blob_type = "BYTEA"
     for_update = " FOR UPDATE"
+    skip_locked = " FOR UPDATE SKIP LOCKED"
+    now_sql = "EXTRACT(EPOCH FROM clock_timestamp())"
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[DictRow]]) -> None:
         super().__init__()
@@ -101,9 +106,12 @@ class PostgresRunStore(RunStore):
         return store
 
     @asynccontextmanager
-    async def tx(self) -> AsyncIterator[_PgTx]:
+    async def _tx(self) -> AsyncIterator[_PgTx]:
         async with self.pool.connection() as conn, conn.transaction():
             yield _PgTx(conn)
+
+    async def _announce(self, tx: Tx, channel: str, payload: str) -> None:
+        await tx.execute("SELECT pg_notify(?, ?)", (channel, payload))
 
     async def ping(self) -> None:
         async with self.pool.connection() as conn:
@@ -111,3 +119,35 @@ class PostgresRunStore(RunStore):
 
     async def close(self) -> None:
         await self.pool.close()
+
+
+Handler = Callable[[str], None]
+
+
+async def listen(url: str, handlers: Mapping[str, Handler]) -> None:
+    """LISTEN on each channel and call its handler with every payload, forever.
+
+    Runs on its own connection (a pooled one would be handed to others between
+    notifications) and reconnects after the database comes back.
+    """
+    delay = 0.2
+    while True:
+        try:
+            conn = await AsyncConnection.connect(url, autocommit=True)
+            async with conn:
+                for channel in handlers:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                delay = 0.2
+                # Something may have happened while we were not listening.
+                for handler in handlers.values():
+                    handler("")
+                async for notice in conn.notifies():
+                    on_notice = handlers.get(notice.channel)
+                    if on_notice is not None:
+                        on_notice(notice.payload)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning("LISTEN connection lost; reconnecting in %.1fs", delay, exc_info=True)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)

@@ -98,4 +98,16 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE UNIQUE INDEX IF NOT EXISTS events_dedupe ON events (run_id, dedupe_key)",
     ],
+    [
+        # Leases (DESIGN §10): a run that needs driving is claimed by one worker at a
+        # time; lease_version is the fencing token every write of that worker checks.
+        "ALTER TABLE runs ADD COLUMN needs_drive INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE runs ADD COLUMN lease_owner TEXT",
+        "ALTER TABLE runs ADD COLUMN lease_expires_at DOUBLE PRECISION",
+        "ALTER TABLE runs ADD COLUMN lease_version INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX IF NOT EXISTS runs_needs_drive ON runs (needs_drive, lease_expires_at)",
+        "UPDATE runs SET needs_drive = 1 WHERE state IN ('pending', 'planning', 'executing')",
+        # A compensation is claimed before it runs, so two cancels cannot both run it.
+        "ALTER TABLE tool_calls ADD COLUMN compensation_claimed INTEGER NOT NULL DEFAULT 0",
+    ],
 ]

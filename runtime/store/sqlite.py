@@ -35,6 +35,7 @@ class _SqliteTx:
 class SqliteRunStore(RunStore):
     dialect = "sqlite"
     blob_type = "BLOB"
+    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
         super().__init__()
@@ -56,7 +57,7 @@ class SqliteRunStore(RunStore):
         return store
 
     @asynccontextmanager
-    async def tx(self) -> AsyncIterator[_SqliteTx]:
+    async def _tx(self) -> AsyncIterator[_SqliteTx]:
         # aiosqlite runs statements in order on its own thread, so a shielded
         # COMMIT/ROLLBACK still lands before the next BEGIN even when the caller
         # is cancelled (an SSE client hanging up) in the middle of a transaction.

@@ -37,7 +37,7 @@ class Api:
 
     async def settle(self, run_id: str) -> dict[str, Any]:
         """Wait until this process's driver is done with the run; return the run."""
-        await self.engine.wait_idle(run_id)
+        await self.engine.wait_settled(run_id)
         resp = await self.client.get(f"/runs/{run_id}")
         assert resp.status_code == 200, resp.text
         run: dict[str, Any] = resp.json()

@@ -41,6 +41,8 @@ class ServerProcess:
             "AGENT_RUNTIME_DATABASE_URL": database_url,
             "AGENT_RUNTIME_EXTRA_AGENTS": '["tests.agents:build_agents"]',
             "AGENT_RUNTIME_LOG_LEVEL": "warning",
+            # A killed process's runs are taken over when its leases expire.
+            "AGENT_RUNTIME_LEASE_SECONDS": "2",
             "PYTHONPATH": str(ROOT),
             **env,
         }

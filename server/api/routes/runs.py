@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from runtime.errors import Code, RuntimeProblem
-from runtime.lifecycle import State
+from runtime.lifecycle import TERMINAL, State
 from runtime.model import Approval, Event, Page, Run, RunCreate, Step, ToolCall
 from server.api.deps import EngineDep, RunDep, ServicesDep, StoreDep
 from server.api.problems import PROBLEM_RESPONSES
@@ -139,7 +139,15 @@ async def run_checkpoint(run: RunDep, engine: EngineDep) -> dict[str, Any]:
     return await engine.checkpoint(run)
 
 
-@router.post("/runs/{run_id}/cancel", response_model=Run)
-async def cancel_run(run: RunDep, engine: EngineDep, body: CancelRequest | None = None) -> Run:
+@router.post(
+    "/runs/{run_id}/cancel",
+    response_model=Run,
+    responses={202: {"model": Run, "description": "cancel recorded; the run is still stopping"}},
+)
+async def cancel_run(
+    run: RunDep, engine: EngineDep, body: CancelRequest | None = None
+) -> JSONResponse:
     body = body or CancelRequest()
-    return await engine.cancel(run.run_id, body.reason, compensate=body.compensate)
+    after = await engine.cancel(run.run_id, body.reason, compensate=body.compensate)
+    done = after.state in TERMINAL
+    return JSONResponse(after.model_dump(mode="json"), status_code=200 if done else 202)

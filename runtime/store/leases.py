@@ -1,0 +1,109 @@
+"""Run leases: which worker drives which run, until when, under which fencing token."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.store.base import Tx
+
+EVENTS_CHANNEL = "agent_runtime_events"
+"""NOTIFY payload '<run_id> <seq>': an event was committed."""
+WORK_CHANNEL = "agent_runtime_work"
+"""NOTIFY payload '<run_id>': a run needs a worker."""
+CANCEL_CHANNEL = "agent_runtime_cancel"
+"""NOTIFY payload '<run_id>': whoever drives the run must stop it."""
+
+
+class LeaseQueries:
+    """Mixed into RunStore; ``now_sql`` is the database's clock in epoch seconds."""
+
+    now_sql: str
+    skip_locked: str = ""
+
+    def tx(self) -> AbstractAsyncContextManager[Tx]:
+        raise NotImplementedError
+
+    async def claim_runs(self, owner: str, limit: int, lease_s: float) -> list[tuple[str, int]]:
+        """Claim up to ``limit`` runs that need driving and have no live lease.
+
+        Returns (run_id, lease_version) pairs; the version is the fencing token.
+        Uses the database's clock, so workers' clocks need not agree.
+        """
+        if limit <= 0:
+            return []
+        async with self.tx() as tx:
+            rows = await tx.fetchall(
+                "SELECT run_id FROM runs WHERE needs_drive = 1 AND "
+                f"(lease_expires_at IS NULL OR lease_expires_at < {self.now_sql}) "
+                f"ORDER BY updated_at LIMIT ?{self.skip_locked}",
+                (limit,),
+            )
+            claimed: list[tuple[str, int]] = []
+            for row in rows:
+                got = await tx.fetchone(
+                    "UPDATE runs SET lease_owner = ?, "
+                    f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
+                    "WHERE run_id = ? RETURNING lease_version",
+                    (owner, lease_s, row["run_id"]),
+                )
+                if got is not None:
+                    claimed.append((row["run_id"], int(got["lease_version"])))
+        return claimed
+
+    async def take_lease(self, run_id: str, owner: str, lease_s: float) -> int | None:
+        """Claim one run whatever it needs, unless another worker's lease is live."""
+        async with self.tx() as tx:
+            got = await tx.fetchone(
+                "UPDATE runs SET lease_owner = ?, "
+                f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
+                "WHERE run_id = ? AND (lease_owner IS NULL OR lease_owner = ? OR "
+                f"lease_expires_at < {self.now_sql}) RETURNING lease_version",
+                (owner, lease_s, run_id, owner),
+            )
+        return int(got["lease_version"]) if got else None
+
+    async def renew_leases(
+        self, owner: str, leases: Sequence[tuple[str, int]], lease_s: float
+    ) -> set[str]:
+        """Extend the leases still held; returns the run_ids that are."""
+        held: set[str] = set()
+        async with self.tx() as tx:
+            for run_id, version in leases:
+                got = await tx.fetchone(
+                    f"UPDATE runs SET lease_expires_at = {self.now_sql} + ? "
+                    "WHERE run_id = ? AND lease_owner = ? AND lease_version = ? "
+                    "RETURNING run_id",
+                    (lease_s, run_id, owner, version),
+                )
+                if got is not None:
+                    held.add(run_id)
+        return held
+
+    async def release_lease(
+        self, run_id: str, owner: str, version: int, *, needs_drive: bool | None
+    ) -> bool:
+        """Give the run back; ``needs_drive`` None leaves the flag as it is."""
+        sets = "lease_owner = NULL, lease_expires_at = NULL"
+        params: list[Any] = []
+        if needs_drive is not None:
+            sets += ", needs_drive = ?"
+            params.append(int(needs_drive))
+        async with self.tx() as tx:
+            got = await tx.fetchone(
+                f"UPDATE runs SET {sets} WHERE run_id = ? AND lease_owner = ? "
+                "AND lease_version = ? RETURNING run_id",
+                [*params, run_id, owner, version],
+            )
+        return got is not None
+
+    async def lease_of(self, run_id: str) -> dict[str, Any] | None:
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "SELECT lease_owner, lease_version, needs_drive, "
+                f"lease_expires_at - {self.now_sql} AS remaining_s FROM runs WHERE run_id = ?",
+                (run_id,),
+            )
+        return dict(row) if row else None

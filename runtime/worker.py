@@ -1,0 +1,85 @@
+"""The worker loop: claim runs that need driving, keep their leases alive, give them back.
+
+Woken by the engine in-process and by PostgreSQL NOTIFY across processes; a
+slow sweep also picks up runs whose owner died (their lease expired) and
+notifications missed while the database was unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from runtime.engine import TRANSIENT_DB_ERRORS, Engine
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(
+        self, engine: Engine, *, concurrency: int = 8, sweep_s: float | None = None
+    ) -> None:
+        self.engine = engine
+        self.concurrency = concurrency
+        self.sweep_s = sweep_s if sweep_s is not None else min(1.0, engine.lease_s / 4)
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._claim_loop(), name="worker:claim"),
+            asyncio.create_task(self._heartbeat_loop(), name="worker:heartbeat"),
+        ]
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Stop claiming, let current drives finish for ``grace_s``, release the rest."""
+        self._stopping.set()
+        self.engine.wake()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.engine.shutdown(grace_s)
+
+    async def _claim_loop(self) -> None:
+        engine = self.engine
+        backoff = self.sweep_s
+        while not self._stopping.is_set():
+            engine.work.clear()
+            free = self.concurrency - len(engine.drives)
+            try:
+                claimed = await engine.store.claim_runs(engine.owner, free, engine.lease_s)
+                backoff = self.sweep_s
+            except TRANSIENT_DB_ERRORS:
+                log.warning("cannot claim runs: database unreachable; retrying in %.1fs", backoff)
+                claimed = []
+                backoff = min(backoff * 2, 10.0)
+            for run_id, version in claimed:
+                if run_id not in engine.drives:
+                    engine.start_drive(run_id, version)
+            if claimed and len(claimed) == free:
+                continue  # there may be more waiting
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(engine.work.wait(), backoff)
+
+    async def _heartbeat_loop(self) -> None:
+        engine = self.engine
+        interval = engine.lease_s / 3
+        while not self._stopping.is_set():
+            await asyncio.sleep(interval)
+            leases = [(run_id, d.version) for run_id, d in engine.drives.items()]
+            if not leases:
+                continue
+            try:
+                held = await engine.store.renew_leases(engine.owner, leases, engine.lease_s)
+            except TRANSIENT_DB_ERRORS:
+                log.warning("cannot renew leases: database unreachable")
+                continue
+            for run_id, _ in leases:
+                drive = engine.drives.get(run_id)
+                if run_id not in held and drive is not None:
+                    # Someone else owns it now: stop without writing anything more.
+                    log.warning("lease on %s was taken over; stopping its drive", run_id)
+                    drive.task.cancel()

@@ -1,0 +1,94 @@
+"""What a serve or worker process hosts: store, checkpointer, engine, worker, listener."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from runtime.agent import AgentSpec
+from runtime.backend import open_backend
+from runtime.engine import Engine
+from runtime.eventbus import EventBus
+from runtime.store.base import RunStore
+from runtime.store.leases import CANCEL_CHANNEL, EVENTS_CHANNEL, WORK_CHANNEL
+from runtime.store.postgres import listen
+from runtime.worker import Worker
+from server.agents import load_agents
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Host:
+    settings: Settings
+    store: RunStore
+    engine: Engine
+    bus: EventBus
+    worker: Worker | None
+
+
+@asynccontextmanager
+async def open_host(
+    settings: Settings,
+    agents: Mapping[str, AgentSpec] | None = None,
+    *,
+    run_worker: bool = True,
+) -> AsyncIterator[Host]:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    url = settings.resolved_database_url
+    backend = await open_backend(url)
+    bus = EventBus()
+    backend.store.add_listener(bus.publish)
+    hosted = dict(agents) if agents is not None else load_agents(settings)
+    engine = Engine(
+        backend.store,
+        backend.checkpointer,
+        hosted,
+        default_agent=settings.default_agent,
+        maxima=settings.maxima(),
+        bus=bus,
+        lease_s=settings.lease_seconds,
+    )
+    listener = None
+    if url.startswith(("postgresql://", "postgres://")):
+
+        def on_event(payload: str) -> None:
+            run_id, _, seq = payload.partition(" ")
+            if run_id:
+                bus.publish(run_id, int(seq or 0))
+            else:
+                bus.publish_all()
+
+        listener = asyncio.create_task(
+            listen(
+                url,
+                {
+                    EVENTS_CHANNEL: on_event,
+                    WORK_CHANNEL: lambda _: engine.wake(),
+                    CANCEL_CHANNEL: lambda run_id: (
+                        engine.on_cancel_notice(run_id) if run_id else None
+                    ),
+                },
+            ),
+            name="listen",
+        )
+    worker = Worker(engine, concurrency=settings.worker_concurrency) if run_worker else None
+    if worker is not None:
+        worker.start()
+    try:
+        yield Host(settings, backend.store, engine, bus, worker)
+    finally:
+        if worker is not None:
+            await worker.stop(settings.shutdown_grace_s)
+        else:
+            await engine.shutdown()
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+        await backend.close()
