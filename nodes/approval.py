@@ -88,6 +88,8 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
                 )
             if row.status != "approved" or row.args_hash != call["args_hash"]:
                 rejected.append({"call": call, "on_reject": spec.on_reject, "row": row})
+                if spec.on_reject == "fail":
+                    break  # the run ends: asking about the step's other calls is pointless
         if not rejected:
             return {}
         if all(r["on_reject"] == "replan" for r in rejected):

@@ -81,7 +81,13 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
             return await execute_once(ctx.store, spec, row, args, tctx, action)
 
         calls = state.get("calls", [])
-        rows = await asyncio.gather(*(run_call(c) for c in calls))
+        # Every call is seen to its end before a failure propagates: none is left
+        # running unsupervised behind a run that already ended.
+        settled = await asyncio.gather(*(run_call(c) for c in calls), return_exceptions=True)
+        for outcome in settled:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        rows = [r for r in settled if isinstance(r, ToolCall)]
         usage = Usage.model_validate(state.get("usage") or {})
         update: dict[str, Any] = {
             "calls": [],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime.errors import Code
 from runtime.lifecycle import State
@@ -18,8 +18,28 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def reject_nul(value: Any) -> Any:
+    """PostgreSQL text cannot hold NUL; refuse it up front on every dialect alike."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("text must not contain NUL characters")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            reject_nul(key)
+            reject_nul(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            reject_nul(item)
+    return value
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        return reject_nul(data)
 
 
 class RunContext(BaseModel):

@@ -44,6 +44,9 @@ def assert_problem(resp: Any, status: int, code: str) -> dict[str, Any]:
         {"input": "q", "options": {"budget": {"max_cost_usd": 1e300}}},
         {"input": "q", "options": {"budget": {"gpu_hours": 3}}},
         {"input": "q", "surprise": True},
+        {"input": "nul \u0000 inside"},
+        {"input": "q", "context": {"tenant_id": "t\u0000"}},
+        {"input": "q", "context": {"extra": {"deep": ["\u0000"]}}},
         [1, 2, 3],
         "just a string",
     ],
@@ -117,10 +120,17 @@ async def test_bad_decisions_queries_and_headers_are_422(api: Api) -> None:
         assert_problem(resp, 422, "VALIDATION_ERROR")
     for params in ({"state": "sleeping"}, {"limit": 0}, {"limit": 10_000}, {"cursor": "%%%"}):
         assert_problem(await api.client.get("/runs", params=params), 422, "VALIDATION_ERROR")
-    resp = await api.client.get(
-        f"/runs/{run_id}/events", headers={"Accept": "application/json", "Last-Event-ID": "x"}
+    for bad_id in (b"x", "²".encode("latin-1"), b"9" * 20):
+        resp = await api.client.get(
+            f"/runs/{run_id}/events",
+            headers={"Accept": "application/json", "Last-Event-ID": bad_id},
+        )
+        assert_problem(resp, 422, "VALIDATION_ERROR")
+    assert_problem(
+        await api.client.get(f"/runs/{run_id}/events", params={"after": 10**30}),
+        422,
+        "VALIDATION_ERROR",
     )
-    assert_problem(resp, 422, "VALIDATION_ERROR")
     assert_problem(
         await api.client.get(f"/runs/{run_id}/events", params={"after": -1}),
         422,

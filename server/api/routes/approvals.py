@@ -6,16 +6,16 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from runtime.model import Approval, ApprovalStatus
+from runtime.model import Approval, ApprovalStatus, Strict
 from server.api.deps import EngineDep, RunDep, StoreDep
 from server.api.problems import PROBLEM_RESPONSES
 
 router = APIRouter(tags=["approvals"], responses=PROBLEM_RESPONSES)
 
 
-class DecisionRequest(BaseModel):
+class DecisionRequest(Strict):
     decision: Literal["approve", "reject"]
     comment: str | None = Field(default=None, max_length=2000)
     decided_by: str = Field(default="anonymous", min_length=1, max_length=200)

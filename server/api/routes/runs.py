@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -10,15 +11,16 @@ from pydantic import BaseModel, Field
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.lifecycle import TERMINAL, State
-from runtime.model import Approval, Event, Page, Run, RunCreate, Step, ToolCall
+from runtime.model import Approval, Event, Page, Run, RunCreate, Step, Strict, ToolCall
 from server.api.deps import EngineDep, RunDep, ServicesDep, StoreDep
 from server.api.problems import PROBLEM_RESPONSES
 from server.sse import event_stream
 
+MAX_SEQ = 10**15
 router = APIRouter(tags=["runs"], responses=PROBLEM_RESPONSES)
 
 
-class CancelRequest(BaseModel):
+class CancelRequest(Strict):
     reason: str = Field(default="cancelled by request", max_length=2000)
     compensate: bool = False
     """Also run the declared compensations of side effects that already happened."""
@@ -90,12 +92,12 @@ async def run_events(
     run: RunDep,
     services: ServicesDep,
     request: Request,
-    after: Annotated[int | None, Query(ge=0)] = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
     last_event_id: Annotated[str | None, Header(max_length=20)] = None,
 ) -> Response:
     start = after or 0
     if last_event_id is not None:
-        if not last_event_id.isdigit():
+        if not re.fullmatch(r"[0-9]{1,15}", last_event_id):
             raise RuntimeProblem(Code.VALIDATION_ERROR, "Last-Event-ID must be a sequence number")
         start = max(start, int(last_event_id))
     if "application/json" in request.headers.get("accept", "") and (
