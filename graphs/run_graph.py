@@ -46,8 +46,11 @@ def route_after_approval(state: RunState) -> Literal["executor", "planner", "__e
     return "executor" if state.get("calls") else "planner"
 
 
-def route_after_executor(state: RunState) -> Literal["planner", "__end__"]:
-    return "__end__" if state.get("outcome") else "planner"
+def route_after_executor(state: RunState) -> Literal["planner", "approval", "__end__"]:
+    if state.get("outcome"):
+        return "__end__"
+    # Calls left after execution wait on a human (an outcome the ledger cannot know).
+    return "approval" if state.get("calls") else "planner"
 
 
 def route_after_finish(state: RunState) -> Literal["planner", "__end__"]:

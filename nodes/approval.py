@@ -48,8 +48,10 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
                 continue
             spec = tools.resolve(call["tool"], call["version"])
             assert spec is not None, "the guard resolved this tool"
-            approval_id = ids.approval_id(call["tool_call_id"])
+            approval_id = ids.call_approval_id(call)
+            kind = call.get("kind", "tool_call")
             request = {
+                "kind": kind,
                 "approval_id": approval_id,
                 "run_id": ctx.run_id,
                 "tool_call_id": call["tool_call_id"],
@@ -87,8 +89,10 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
                     comment=comment,  # type: ignore[arg-type]
                 )
             if row.status != "approved" or row.args_hash != call["args_hash"]:
-                rejected.append({"call": call, "on_reject": spec.on_reject, "row": row})
-                if spec.on_reject == "fail":
+                # "Don't run it again" after an unknown outcome is a planner matter.
+                on_reject = "replan" if kind == "outcome_unknown" else spec.on_reject
+                rejected.append({"call": call, "on_reject": on_reject, "row": row})
+                if on_reject == "fail":
                     break  # the run ends: asking about the step's other calls is pointless
         if not rejected:
             return {}
@@ -100,9 +104,17 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
                         "step_index": state["step_index"],
                         "tool_call_id": r["call"]["tool_call_id"],
                         "tool": r["call"]["tool"],
-                        "status": Code.APPROVAL_REJECTED.value,
+                        "status": (
+                            Code.TOOL_OUTCOME_UNKNOWN.value
+                            if r["call"].get("kind") == "outcome_unknown"
+                            else Code.APPROVAL_REJECTED.value
+                        ),
                         "error": r["row"].comment or "rejected",
-                        "summary": "a human rejected it",
+                        "summary": (
+                            "a human decided it is not to be run again"
+                            if r["call"].get("kind") == "outcome_unknown"
+                            else "a human rejected it"
+                        ),
                     }
                     for r in rejected
                 ],

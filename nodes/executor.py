@@ -7,9 +7,11 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
+from runtime import failpoints
 from runtime.context import Context
 from runtime.errors import Code
 from runtime.events import summarize
+from runtime.ids import call_approval_id
 from runtime.ledger import StoreArtifacts, execute_once, new_ledger_row
 from runtime.model import RunContext, ToolCall, Usage
 from runtime.state import RunState, failed
@@ -35,6 +37,22 @@ def observation(row: ToolCall) -> dict[str, Any]:
     }
 
 
+def resolution_call(call: dict[str, Any], row: ToolCall) -> dict[str, Any]:
+    """The call again, now waiting on a human's word about its unknown outcome."""
+    return {
+        **call,
+        "kind": "outcome_unknown",
+        "needs_approval": True,
+        "approval_key": f"{row.tool_call_id}:outcome:{row.attempts}",
+        "unknown_after_attempts": row.attempts,
+        "reason": (
+            f"the outcome of {row.tool}@{row.version} {row.tool_call_id} is unknown: the "
+            "process stopped while it ran. Approve to run it again with the same "
+            "idempotency key; reject if it already took effect."
+        ),
+    }
+
+
 def make_executor_node(tools: ToolResolver) -> NodeFn:
     async def executor_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
         ctx = runtime.context
@@ -45,9 +63,7 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
             spec = tools.resolve(call["tool"], call["version"])
             assert spec is not None, "the guard resolved this tool"
             if call["needs_approval"]:
-                from runtime.ids import approval_id
-
-                approval = await ctx.store.get_approval(approval_id(call["tool_call_id"]))
+                approval = await ctx.store.get_approval(call_approval_id(call))
                 if (
                     approval is None
                     or approval.status != "approved"
@@ -78,7 +94,19 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
                 "args": summarize(call["args"]),
                 "idempotency_key": row.idempotency_key,
             }
-            return await execute_once(ctx.store, spec, row, args, tctx, action)
+            rerun = False
+            if call.get("kind") == "outcome_unknown":
+                # A human said "run it again". Only the episode they were asked about:
+                # if that re-run itself was cut short, its outcome is unknown anew.
+                current = await ctx.store.get_tool_call(row.tool_call_id)
+                if current is not None and current.status == "unknown":
+                    await ctx.store.update_tool_call(
+                        row.tool_call_id, from_status=("unknown",), status="running", error=None
+                    )
+                    rerun = True
+                elif current is not None and current.status == "running":
+                    rerun = current.attempts == call["unknown_after_attempts"]
+            return await execute_once(ctx.store, spec, row, args, tctx, action, rerun=rerun)
 
         calls = state.get("calls", [])
         # Every call is seen to its end before a failure propagates: none is left
@@ -101,6 +129,16 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
             ).model_dump(),
             "memory_version": state.get("memory_version", 0) + 1,
         }
+        for row in rows:
+            failpoints.hit("ledger.after", row.tool)
+        unknown = [r for r in rows if r.status == "unknown"]
+        if unknown:
+            # Never guess: a human decides whether each such call runs again.
+            by_id = {c["tool_call_id"]: c for c in calls}
+            update["calls"] = [resolution_call(by_id[r.tool_call_id], r) for r in unknown]
+            update["observations"] = [observation(r) for r in rows if r.status != "unknown"]
+            update["tool_calls"] = [r.tool_call_id for r in rows if r.status != "unknown"]
+            return update
         for row in rows:
             code = (row.error or {}).get("code")
             if row.status != "succeeded" and code not in REPLANNABLE:

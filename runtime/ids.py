@@ -29,6 +29,11 @@ def approval_id(tool_call_id: str) -> str:
     return f"ap-{_digest('approval', tool_call_id)}"
 
 
+def call_approval_id(call: dict[str, Any]) -> str:
+    """The approval a planned call waits on: its own, or one per unknown-outcome episode."""
+    return approval_id(call.get("approval_key") or call["tool_call_id"])
+
+
 def idempotency_key(tool_call_id: str) -> str:
     """The stable business key handed to side-effecting handlers."""
     return f"idem-{_digest('idem', tool_call_id, n=32)}"

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from runtime import failpoints
 from runtime.errors import Code
 from runtime.events import result_event, summarize
 from runtime.ids import idempotency_key
@@ -167,12 +168,17 @@ async def execute_once(
     args: BaseModel,
     tctx: ToolContext,
     action: dict[str, Any],
+    *,
+    rerun: bool = False,
 ) -> ToolCall:
-    """Run the call described by ``row`` unless the ledger says it already ran."""
+    """Run the call described by ``row`` unless the ledger says it already ran.
+
+    ``rerun``: a human has ruled on an earlier unknown outcome; run it again.
+    """
     current = await store.begin_tool_call(row, action)
     if current.status in FINISHED:
         return current
-    if current.attempts > 0:
+    if current.attempts > 0 and not rerun:
         # An earlier drive started the handler and died before recording its outcome.
         if spec.reconcile is not None:
             found = await spec.reconcile(args, tctx)
@@ -196,7 +202,9 @@ async def execute_once(
     # On cancellation (user cancel, timeout, shutdown) the row stays `running` with its
     # attempt counted: a restart applies the rules above; a run that ends instead
     # closes it with interrupt_running_calls.
+    failpoints.hit("tool.before", spec.name)
     status, output, error, attempts = await _run_handler(spec, args, tctx)
+    failpoints.hit("tool.after", spec.name)
     if (
         status == "failed"
         and (error or {}).get("code") == Code.TOOL_UNAVAILABLE

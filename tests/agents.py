@@ -133,7 +133,8 @@ def stubborn(view: PlannerView) -> Decision:
 def slow_worker(view: PlannerView) -> Decision:
     """counter (a non-idempotent side effect), then a long sleep, then finish."""
     seconds = float(view.input.split()[-1]) if view.input.split()[-1][0].isdigit() else 0.1
-    done = {o.tool for o in view.observations if o.status == "succeeded"}
+    # A human who ruled an unknown outcome "already happened" is taken at their word.
+    done = {o.tool for o in view.observations if o.status in ("succeeded", "TOOL_OUTCOME_UNKNOWN")}
     if "counter" not in done:
         return call("counter", label="once")
     if "sleep" not in done:

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from runtime import failpoints
 from runtime.model import MAX_INPUT_CHARS, utcnow
 from runtime.tooling import ToolBusinessError, ToolContext, ToolSpec, ToolUnavailable
 from tools.registry import ToolRegistry
@@ -209,7 +210,10 @@ def build_registry(db_path: Path) -> ToolRegistry:
         return {"artifact_id": art.artifact_id, "size": art.size, "media_type": "text/markdown"}
 
     async def handle_publish(args: PublishReportArgs, ctx: ToolContext) -> dict[str, Any]:
-        return await _in_thread(_enqueue, db_path, ctx.idempotency_key, args)
+        queued = await _in_thread(_enqueue, db_path, ctx.idempotency_key, args)
+        # Fault injection: the outbox row is committed, the handler has not returned.
+        failpoints.hit("tool.during", "publish_report")
+        return queued
 
     async def reconcile(args: PublishReportArgs, ctx: ToolContext) -> dict[str, Any] | None:
         return await _in_thread(_find_outbox, db_path, ctx.idempotency_key)

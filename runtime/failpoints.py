@@ -1,0 +1,30 @@
+"""Named crash points, for fault-injection tests of real processes.
+
+``AGENT_RUNTIME_FAILPOINTS=tool.after:publish_report,ledger.after`` makes the
+process SIGKILL itself when it reaches one of the named points (for the named
+tool only, when one is given). Unset, every point is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "AGENT_RUNTIME_FAILPOINTS"
+
+POINTS = {
+    "tool.before": "the attempt is counted in the ledger; the handler has not started",
+    "tool.during": "(publish_report) the outbox row is committed; the handler has not returned",
+    "tool.after": "the handler returned; its outcome is not yet in the ledger",
+    "ledger.after": "the outcome is in the ledger; the checkpoint is not yet written",
+}
+
+
+def hit(point: str, tool: str | None = None) -> None:
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    for item in spec.split(","):
+        name, _, target = item.strip().partition(":")
+        if name == point and (not target or target == tool):
+            os.kill(os.getpid(), signal.SIGKILL)
