@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from runtime import failpoints
+from runtime.breaker import BREAKERS
 from runtime.errors import Code
 from runtime.events import result_event, summarize
 from runtime.ids import idempotency_key
@@ -194,6 +195,18 @@ async def execute_once(
                     "message": "process stopped during a non-idempotent call",
                 },
             )
+    breaker = BREAKERS.for_tool(spec.ref)
+    if not breaker.allow():
+        # Fail fast: the tool has been unavailable; the handler is not touched.
+        return await _finish(
+            store,
+            current,
+            "failed",
+            None,
+            {"code": Code.TOOL_UNAVAILABLE, "message": f"circuit open for {spec.ref}"},
+            0,
+            tctx.artifacts,
+        )
     # Count the attempt before running, so a crash mid-call is visible on restart.
     claimed = await store.claim_tool_call(current.tool_call_id, current.attempts)
     if claimed is None:
@@ -203,7 +216,12 @@ async def execute_once(
     # attempt counted: a restart applies the rules above; a run that ends instead
     # closes it with interrupt_running_calls.
     failpoints.hit("tool.before", spec.name)
-    status, output, error, attempts = await _run_handler(spec, args, tctx)
+    try:
+        status, output, error, attempts = await _run_handler(spec, args, tctx)
+    except BaseException:
+        breaker.trial_in_flight = False  # cancelled: says nothing about the tool
+        raise
+    breaker.record(unavailable=(error or {}).get("code") == Code.TOOL_UNAVAILABLE)
     failpoints.hit("tool.after", spec.name)
     if (
         status == "failed"

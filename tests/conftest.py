@@ -14,6 +14,16 @@ import pytest
 PG_URL = os.environ.get("AGENT_RUNTIME_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_breakers() -> Iterator[None]:
+    """Circuit breakers are per process; one test's failures must not open another's."""
+    from runtime.breaker import BREAKERS
+
+    BREAKERS.reset()
+    yield
+    BREAKERS.reset()
+
+
 @pytest.fixture(scope="session")
 def pg_base_url() -> str:
     """PostgreSQL must be reachable: its tests fail, they are never skipped."""

@@ -201,3 +201,19 @@ async def test_7_cancel_with_compensation_records_what_ran(api: Api) -> None:
     assert outcome["compensations"] == [counter_id]
     assert calls["counter"]["compensated"] is True
     assert counter_lines(api.settings.data_dir) == [f"{counter_id} once", f"{counter_id} undo"]
+
+
+async def test_circuit_opens_after_repeated_unavailability(api: Api) -> None:
+    from runtime.breaker import BREAKERS
+
+    BREAKERS.threshold, saved = 2, BREAKERS.threshold
+    try:
+        for _ in range(3):
+            run = await api.create(agent_id="broken", input="x")
+            final = await api.settle(run["run_id"])
+            assert final["outcome"]["code"] == "TOOL_UNAVAILABLE"
+    finally:
+        BREAKERS.threshold = saved
+    # Two calls of 3 attempts each reached the tool; the third failed fast, untouched.
+    assert len((api.settings.data_dir / "flaky.log").read_text().splitlines()) == 6
+    assert "circuit open" in final["outcome"]["message"]
