@@ -42,6 +42,8 @@ async def open_host(
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     url = settings.resolved_database_url
     backend = await open_backend(url)
+    if backend.store.dialect == "sqlite":
+        await backend.store.expire_all_leases()
     bus = EventBus()
     backend.store.add_listener(bus.publish)
     hosted = dict(agents) if agents is not None else load_agents(settings)

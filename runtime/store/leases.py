@@ -99,6 +99,14 @@ class LeaseQueries:
             )
         return got is not None
 
+    async def expire_all_leases(self) -> None:
+        """Embedded mode is one process: at its start, no earlier lease can be alive."""
+        async with self.tx() as tx:
+            await tx.execute(
+                "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
+                "WHERE lease_owner IS NOT NULL"
+            )
+
     async def lease_of(self, run_id: str) -> dict[str, Any] | None:
         async with self.tx() as tx:
             row = await tx.fetchone(

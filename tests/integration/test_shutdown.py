@@ -1,0 +1,40 @@
+"""SIGTERM: stop claiming, hand the runs back from their checkpoints, exit cleanly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.agents import counter_lines
+from tests.integration.conftest import state_is
+from tests.integration.server_proc import ServerProcess, wait_for_file
+
+# Leases far longer than the test: a run can only move on if it was handed back.
+LONG_LEASE = {"AGENT_RUNTIME_LEASE_SECONDS": "600", "AGENT_RUNTIME_SHUTDOWN_GRACE_S": "0.5"}
+
+
+def test_sigterm_hands_running_runs_to_the_next_process(pg_schema_url: str, data_dir: Path) -> None:
+    first = ServerProcess(data_dir, pg_schema_url, **LONG_LEASE).start()
+    second = ServerProcess(data_dir, pg_schema_url, TEST_SLEEP_OVERRIDE="0.05", **LONG_LEASE)
+    try:
+        with first.client() as http:
+            run_id = http.post(
+                "/runs", json={"agent_id": "slow_worker", "input": "sleep 60"}
+            ).json()["run_id"]
+        wait_for_file(data_dir / "sleep.log")
+        assert first.proc is not None
+        first.proc.terminate()
+        # uvicorn re-raises the signal once its graceful shutdown is done.
+        assert first.proc.wait(30) in (0, -15)
+        assert "Traceback" not in first.log_path.read_text()
+        second.start()
+        with second.client() as http:
+            second.follow(run_id, state_is("succeeded", "failed"))
+            final = http.get(f"/runs/{run_id}").json()
+            calls = http.get(f"/runs/{run_id}/tool-calls").json()
+        assert final["state"] == "succeeded", final
+        assert [c["tool"] for c in calls] == ["counter", "sleep"]
+        assert calls[1]["attempts"] == 2  # cut short by the shutdown, run again (idempotent)
+        assert len(counter_lines(data_dir)) == 1
+    finally:
+        first.stop()
+        second.stop()
