@@ -2,6 +2,9 @@
 
 The runtime compiles ``build_agent(...).builder`` with its checkpointer;
 :mod:`graphs.studio` compiles the same builder without one for ``langgraph dev``.
+The planner is the deterministic :class:`RetailPlanner` unless another is given,
+or ``planner_model`` names a chat model (``AGENT_RUNTIME_PLANNER_MODEL``, e.g.
+``openai:gpt-4o-mini``; needs the ``llm`` extra).
 """
 
 from __future__ import annotations
@@ -10,19 +13,45 @@ from pathlib import Path
 
 from graphs.run_graph import build_run_graph
 from runtime.agent import AgentSpec
+from runtime.planner import Planner
 from runtime.policy import DefaultPolicy
 from tools.retail import RetailPlanner, build_registry, generate
 
 AGENT_ID = "retail_analyst"
 
+RETAIL_PROMPT = (
+    "You answer which SKUs drove a region's week-over-week sales decline. Query the "
+    "sales with query_sales, write a Markdown report of the findings with write_report "
+    "(its findings argument is the query_sales output), then publish it with "
+    "publish_report to the run context's notify addresses, or sales-ops@example.com, "
+    "unless the user asked not to publish. Answer in the language of the question, "
+    "naming the main declining SKUs and their change."
+)
 
-def build_agent(demo_db: Path) -> AgentSpec:
+
+def make_planner(planner_model: str | None = None) -> Planner:
+    """The deterministic planner, or a chat-model planner when a model is named."""
+    if not planner_model:
+        return RetailPlanner()
+    from graphs.chat_planner import DEFAULT_SYSTEM_PROMPT, init_chat_planner
+
+    return init_chat_planner(
+        planner_model, system_prompt=f"{DEFAULT_SYSTEM_PROMPT}\n\n{RETAIL_PROMPT}"
+    )
+
+
+def build_agent(
+    demo_db: Path, planner: Planner | None = None, *, planner_model: str | None = None
+) -> AgentSpec:
     generate(demo_db)
     tools = build_registry(demo_db)
+    chosen = planner if planner is not None else make_planner(planner_model)
     return AgentSpec(
         agent_id=AGENT_ID,
         description="Finds the SKUs behind a region's week-over-week sales drop, writes a "
         "report and publishes it after approval.",
-        builder=build_run_graph(RetailPlanner(), tools, DefaultPolicy()),
+        builder=build_run_graph(chosen, tools, DefaultPolicy()),
         tools=tools,
+        metadata={"planner": type(chosen).__name__}
+        | ({"planner_model": planner_model} if planner is None and planner_model else {}),
     )

@@ -13,7 +13,7 @@ def load_agents(settings: Settings) -> dict[str, AgentSpec]:
     from graphs.retail_analyst import build_agent
 
     agents: dict[str, AgentSpec] = {}
-    demo = build_agent(settings.resolved_demo_db)
+    demo = build_agent(settings.resolved_demo_db, planner_model=settings.planner_model)
     agents[demo.agent_id] = demo
     for path in settings.extra_agents:
         module_name, _, attr = path.partition(":")

@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     demo_db_path: Path | None = None
     """The retail demo's own database (its 'real system'); default <data_dir>/retail.db."""
     default_agent: str = "retail_analyst"
+    planner_model: str | None = None
+    """The demo agent's planner: a chat model for ``init_chat_model`` (e.g.
+    ``openai:gpt-4o-mini``; needs the ``llm`` extra); unset: the deterministic planner."""
     extra_agents: list[str] = Field(default_factory=list)
     """Import paths ``module:function`` returning more AgentSpecs, e.g. from a plugin."""
     max_body_bytes: int = 256 * 1024

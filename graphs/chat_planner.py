@@ -1,0 +1,244 @@
+"""A planner that asks a tool-calling chat model (any langchain-core ``BaseChatModel``).
+
+The model only proposes: its tool calls become a :class:`Decision` that the guard
+validates, policy authorises and the executor runs through the ledger. Each call
+to :meth:`ChatModelPlanner.next_step` is one model invocation over a conversation
+rebuilt from the :class:`PlannerView` alone: the system prompt, the question with
+its run context, then for every step an ``AIMessage`` with the tool calls the
+runtime saw and a ``ToolMessage`` per observation. The same view always gives the
+same messages. Only the structured decision and a short summary are kept: text
+the model sends beside its tool calls, and any reasoning blocks, are dropped.
+
+Model errors propagate; the planner node records them as ``PLANNER_ERROR``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import ToolCall as LCToolCall
+
+from runtime.model import Decision, DecisionUsage, ProposedCall
+from runtime.planner import Observation, PlannerView
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an enterprise analyst agent. Answer the user's question with the tools "
+    "you are given, and only from what they return: never invent data. You must use "
+    "the tools to act. The runtime, not you, executes every tool call: it validates "
+    "the arguments, checks policy (some calls wait for a human's approval) and sends "
+    "back each result, or the error to correct, as a tool message. When the task is "
+    "done, reply with the final answer as plain text and no tool calls."
+)
+SUMMARY_CHARS = 200
+MAX_OBSERVATION_CHARS = 16_000
+
+
+class ModelOutputError(ValueError):
+    """The model's reply cannot be turned into a decision (e.g. unparsable tool arguments)."""
+
+
+def tool_schemas(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The registry's tool descriptions as OpenAI-style function tools."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": tool["name"],
+                "description": tool.get("description") or tool["name"],
+                "parameters": tool.get("schema") or {"type": "object", "properties": {}},
+            },
+        }
+        for tool in tools
+    ]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def context_note(view: PlannerView) -> str:
+    ctx = view.context
+    note: dict[str, Any] = {
+        "user_id": ctx.user_id,
+        "tenant_id": ctx.tenant_id,
+        "scope": ctx.scope,
+    }
+    note.update(ctx.model_extra or {})
+    return f"Run context: {_json(note)}"
+
+
+def observation_text(obs: Observation, limit: int = MAX_OBSERVATION_CHARS) -> str:
+    """What the model is told a tool call returned: the output, or the error code and message."""
+    if obs.status == "succeeded":
+        text = _json(obs.output) if obs.output is not None else (obs.summary or "ok")
+        if obs.artifact_id and obs.artifact_id not in text:
+            text += f"\nartifact_id: {obs.artifact_id}"
+        return _clip(text, limit)
+    return _clip(f"{obs.status}: {obs.error or obs.summary or 'failed'}", limit)
+
+
+def _steps(observations: Sequence[Observation]) -> list[list[Observation]]:
+    """Observations grouped by step, steps in the order they first appear."""
+    grouped: dict[int, list[Observation]] = {}
+    for obs in observations:
+        grouped.setdefault(obs.step_index, []).append(obs)
+    return list(grouped.values())
+
+
+def build_messages(
+    view: PlannerView,
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+    max_observation_chars: int = MAX_OBSERVATION_CHARS,
+) -> list[BaseMessage]:
+    """The conversation so far, rebuilt deterministically from the view.
+
+    Observations do not hold the arguments of a call, so the rebuilt tool calls
+    carry ``{}``; the tool messages carry what happened.
+    """
+    messages: list[BaseMessage] = [
+        SystemMessage(content=system_prompt),
+        HumanMessage(content=f"{view.input}\n\n{context_note(view)}"),
+    ]
+    for step in _steps(view.observations):
+        calls = [o for o in step if o.tool_call_id]
+        notes = [o for o in step if not o.tool_call_id]
+        if calls:
+            seen: dict[str, int] = {}
+            ids: list[str] = []
+            for obs in calls:
+                n = seen[obs.tool_call_id] = seen.get(obs.tool_call_id, 0) + 1
+                ids.append(obs.tool_call_id if n == 1 else f"{obs.tool_call_id}-{n}")
+            messages.append(
+                AIMessage(
+                    content="",
+                    tool_calls=[
+                        LCToolCall(name=obs.tool, args={}, id=call_id, type="tool_call")
+                        for obs, call_id in zip(calls, ids, strict=True)
+                    ],
+                )
+            )
+            for obs, call_id in zip(calls, ids, strict=True):
+                messages.append(
+                    ToolMessage(
+                        content=observation_text(obs, max_observation_chars),
+                        tool_call_id=call_id,
+                        name=obs.tool,
+                        status="success" if obs.status == "succeeded" else "error",
+                    )
+                )
+        for obs in notes:
+            # Not a tool call: the runtime refused a step (e.g. finish while work is open).
+            messages.append(AIMessage(content=f"[{obs.tool}]"))
+            messages.append(
+                HumanMessage(
+                    content=f"[runtime] {obs.status}: "
+                    + _clip(obs.error or obs.summary or "", max_observation_chars)
+                )
+            )
+    return messages
+
+
+def answer_text(message: AIMessage) -> str:
+    """The reply's text blocks only: reasoning/thinking blocks are never kept."""
+    content = message.content
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+    return "".join(parts)
+
+
+def _tokens(message: AIMessage) -> int:
+    usage = message.usage_metadata
+    return int(usage.get("total_tokens", 0) or 0) if usage else 0
+
+
+def to_decision(
+    message: AIMessage,
+    tools: Sequence[dict[str, Any]] = (),
+    cost_per_token: float = 0.0,
+) -> Decision:
+    """The model's reply as a structured decision; its tool calls name the versions it saw."""
+    tokens = _tokens(message)
+    usage = DecisionUsage(llm_calls=1, tokens=tokens, cost_usd=tokens * cost_per_token)
+    if message.invalid_tool_calls:
+        bad = ", ".join(
+            f"{c.get('name') or '?'} ({c.get('error') or 'unparsable arguments'})"
+            for c in message.invalid_tool_calls
+        )
+        raise ModelOutputError(f"the model proposed tool calls that cannot be parsed: {bad}")
+    if message.tool_calls:
+        versions = {t["name"]: t.get("version") for t in tools}
+        calls = [
+            ProposedCall(tool=c["name"], version=versions.get(c["name"]), args=c["args"])
+            for c in message.tool_calls
+        ]
+        summary = "call " + ", ".join(c.tool for c in calls)
+        return Decision(
+            kind="tool_calls",
+            summary=_clip(summary, SUMMARY_CHARS),
+            tool_calls=calls,
+            usage=usage,
+        )
+    answer = answer_text(message).strip()
+    return Decision(
+        kind="finish",
+        summary=_clip(answer, SUMMARY_CHARS) if answer else "finish (empty answer)",
+        answer=answer,
+        usage=usage,
+    )
+
+
+class ChatModelPlanner:
+    """Implements :class:`runtime.planner.Planner` with a tool-calling chat model."""
+
+    def __init__(
+        self,
+        model: BaseChatModel,
+        *,
+        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        cost_per_token: float = 0.0,
+        max_observation_chars: int = MAX_OBSERVATION_CHARS,
+    ) -> None:
+        self.model = model
+        self.system_prompt = system_prompt
+        self.cost_per_token = cost_per_token
+        self.max_observation_chars = max_observation_chars
+
+    def messages(self, view: PlannerView) -> list[BaseMessage]:
+        return build_messages(view, self.system_prompt, self.max_observation_chars)
+
+    async def next_step(self, view: PlannerView) -> Decision:
+        bound = self.model.bind_tools(tool_schemas(view.tools))
+        reply = await bound.ainvoke(self.messages(view))
+        return to_decision(reply, view.tools, self.cost_per_token)
+
+
+def init_chat_planner(model: str, **kwargs: Any) -> ChatModelPlanner:
+    """``ChatModelPlanner(init_chat_model(model))``, e.g. ``"openai:gpt-4o-mini"``.
+
+    Needs the optional extra ``agent-runtime[llm]`` (``langchain``) and the
+    provider's package; imported only here so the default install works without them.
+    """
+    try:
+        chat_models = importlib.import_module("langchain.chat_models")
+    except ImportError as exc:
+        raise RuntimeError(
+            f"planner model {model!r} needs langchain: install agent-runtime[llm] "
+            "and the provider's package (e.g. langchain-openai)"
+        ) from exc
+    chat_model: BaseChatModel = chat_models.init_chat_model(model)
+    return ChatModelPlanner(chat_model, **kwargs)
