@@ -1,0 +1,274 @@
+"""A small synchronous HTTP client for the agent-runtime API, used by the CLI.
+
+It speaks plain JSON (``dict``s as the API sends them, so a newer server's extra
+fields pass through untouched) and follows a run's SSE stream, reconnecting with
+``Last-Event-ID`` when the connection drops.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+JSON = dict[str, Any]
+
+TERMINAL = frozenset({"succeeded", "failed"})
+WAITING_HUMAN = "waiting_human"
+
+#: How long :meth:`Client.events` keeps trying to reconnect before giving up.
+RECONNECT_WINDOW_S = 60.0
+#: The server sends a keepalive comment every 15 s by default; silence longer than
+#: this means the connection is dead even if no error surfaced.
+STREAM_READ_TIMEOUT_S = 45.0
+
+
+class ApiError(Exception):
+    """An HTTP error answer (its problem+json body) or an unreachable server."""
+
+    def __init__(self, status: int | None, problem: JSON) -> None:
+        self.status = status
+        self.problem = problem
+        super().__init__(f"{self.code}: {self.detail}")
+
+    @property
+    def code(self) -> str:
+        return str(self.problem.get("code") or f"HTTP_{self.status}")
+
+    @property
+    def detail(self) -> str:
+        return str(self.problem.get("detail") or self.problem.get("title") or "")
+
+    @classmethod
+    def from_response(cls, resp: httpx.Response) -> ApiError:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            body = {"title": resp.reason_phrase, "detail": resp.text[:500]}
+        body.setdefault("status", resp.status_code)
+        return cls(resp.status_code, body)
+
+    @classmethod
+    def unreachable(cls, url: str, exc: Exception) -> ApiError:
+        return cls(
+            None,
+            {
+                "title": "Server unreachable",
+                "detail": f"{url}: {exc.__class__.__name__}: {exc}".rstrip(": "),
+                "code": "SERVER_UNREACHABLE",
+            },
+        )
+
+
+@dataclass
+class SseParser:
+    """Incremental ``text/event-stream`` parsing (the parts the server uses)."""
+
+    retry_ms: int | None = None
+    _data: list[str] = field(default_factory=list)
+
+    def feed(self, lines: Iterable[str]) -> Iterator[JSON]:
+        for raw in lines:
+            line = raw.rstrip("\r")
+            if not line:
+                if self._data:
+                    payload, self._data = "\n".join(self._data), []
+                    parsed = json.loads(payload)
+                    if isinstance(parsed, dict):
+                        yield parsed
+                continue
+            if line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "data":
+                self._data.append(value)
+            elif name == "retry" and value.isdigit():
+                self.retry_ms = int(value)
+            # "id" and "event" repeat what the data carries (seq and type).
+
+
+class Client:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            transport=transport,
+            headers={"Accept": "application/json", "User-Agent": "agent-runtime-cli"},
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    # -- plain requests ---------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            resp = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ApiError.unreachable(self.base_url + path, exc) from exc
+        if resp.status_code >= 400:
+            raise ApiError.from_response(resp)
+        return resp
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> tuple[Any, int]:
+        resp = self._request(method, path, **kwargs)
+        try:
+            return resp.json(), resp.status_code
+        except ValueError as exc:
+            raise ApiError(
+                resp.status_code,
+                {"code": "BAD_RESPONSE", "detail": f"{path} did not answer JSON: {exc}"},
+            ) from exc
+
+    def create_run(self, body: JSON, idempotency_key: str | None = None) -> tuple[JSON, bool]:
+        """POST /runs; returns (run, whether it was created now rather than found)."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        run, status = self._json("POST", "/runs", json=body, headers=headers)
+        return run, status == 201
+
+    def get_run(self, run_id: str) -> JSON:
+        run, _ = self._json("GET", f"/runs/{run_id}")
+        result: JSON = run
+        return result
+
+    def list_runs(
+        self,
+        *,
+        state: str | None = None,
+        agent_id: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> JSON:
+        params = {"state": state, "agent_id": agent_id, "limit": limit, "cursor": cursor}
+        page, _ = self._json(
+            "GET", "/runs", params={k: v for k, v in params.items() if v is not None}
+        )
+        result: JSON = page
+        return result
+
+    def decide(
+        self,
+        run_id: str,
+        approval_id: str,
+        decision: str,
+        *,
+        comment: str | None = None,
+        decided_by: str | None = None,
+    ) -> tuple[JSON, bool]:
+        """Returns (approval, whether this call decided it rather than repeated a decision)."""
+        body: JSON = {"decision": decision}
+        if comment is not None:
+            body["comment"] = comment
+        if decided_by is not None:
+            body["decided_by"] = decided_by
+        approval, status = self._json("POST", f"/runs/{run_id}/approvals/{approval_id}", json=body)
+        return approval, status == 202
+
+    def cancel(self, run_id: str, reason: str | None, compensate: bool) -> JSON:
+        body: JSON = {"compensate": compensate}
+        if reason is not None:
+            body["reason"] = reason
+        run, _ = self._json("POST", f"/runs/{run_id}/cancel", json=body)
+        result: JSON = run
+        return result
+
+    def trace(self, run_id: str) -> JSON:
+        trace, _ = self._json("GET", f"/runs/{run_id}/trace")
+        result: JSON = trace
+        return result
+
+    # -- the event stream -------------------------------------------------------
+
+    def events(
+        self,
+        run_id: str,
+        after: int = 0,
+        *,
+        on_reconnect: Callable[[int, str], None] | None = None,
+        reconnect_window_s: float = RECONNECT_WINDOW_S,
+    ) -> Iterator[JSON]:
+        """Every event of the run after seq ``after``, live, until the server ends the
+        stream after the terminal state event (or the caller stops iterating).
+
+        A dropped connection is reopened with ``Last-Event-ID`` (the last seq seen),
+        so nothing is missed or repeated; ``on_reconnect(last_seq, why)`` is told.
+        It gives up with :class:`ApiError` after ``reconnect_window_s`` without
+        getting through; 4xx answers are raised at once.
+        """
+        last = after
+        failing_since: float | None = None
+        delay_s = 1.0
+        while True:
+            headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
+            timeout = httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S)
+            why: str
+            try:
+                with self.http.stream(
+                    "GET", f"/runs/{run_id}/events", headers=headers, timeout=timeout
+                ) as resp:
+                    if resp.status_code >= 400:
+                        resp.read()
+                        error = ApiError.from_response(resp)
+                        if resp.status_code < 500:
+                            raise error
+                        raise _Retry(str(error))
+                    parser = SseParser()
+                    got_any = False
+                    for event in parser.feed(resp.iter_lines()):
+                        seq = event.get("seq")
+                        if isinstance(seq, int):
+                            if seq <= last:
+                                continue  # never show an event twice
+                            last = seq
+                        got_any = True
+                        failing_since, delay_s = None, 1.0
+                        yield event
+                    if parser.retry_ms is not None:
+                        delay_s = max(0.1, parser.retry_ms / 1000)
+                # The server ends the stream once the run is terminal; an end without
+                # that (a restarting server) is a drop like any other.
+                if not got_any and self.get_run(run_id)["state"] in TERMINAL:
+                    return
+                why = "stream ended"
+            except _Retry as exc:
+                why = str(exc)
+            except httpx.TransportError as exc:
+                why = f"{exc.__class__.__name__}: {exc}".rstrip(": ")
+            except ApiError as exc:
+                if exc.status is not None and exc.status < 500:
+                    raise
+                why = str(exc)
+            now = time.monotonic()
+            failing_since = failing_since or now
+            if now - failing_since > reconnect_window_s:
+                raise ApiError.unreachable(
+                    f"{self.base_url}/runs/{run_id}/events", ConnectionError(why)
+                )
+            if on_reconnect is not None:
+                on_reconnect(last, why)
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 1.5, 5.0)
+
+
+class _Retry(Exception):
+    """A 5xx answer on the stream: worth another try."""

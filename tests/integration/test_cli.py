@@ -1,0 +1,161 @@
+"""The ``agent-runtime`` client commands, run as subprocesses against a real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+from tests.integration.server_proc import ROOT, ServerProcess
+
+QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
+DEMO = (QUESTION, "--scope", "sales_region:east")
+CLI = (sys.executable, "-m", "server.cli")
+
+
+def cli_env(server: ServerProcess) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONIOENCODING": "utf-8",
+        "AGENT_RUNTIME_URL": server.base_url,
+    }
+
+
+def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        cwd=ROOT,
+        env=cli_env(server),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def json_lines(stdout: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+def approval_hint(stdout: str) -> tuple[str, str]:
+    found = re.search(r"approve (run-\S+) (ap-\S+) --follow", stdout)
+    assert found, stdout
+    return found[1], found[2]
+
+
+def test_follow_park_approve_and_audit(server: ServerProcess) -> None:
+    server.start()
+    parked = cli(server, "run", *DEMO, "--follow")
+    assert parked.returncode == 3, parked.stderr
+    run_id, approval_id = approval_hint(parked.stdout)
+    lines = parked.stdout.splitlines()
+    assert lines[0] == f"created {run_id} (agent retail_analyst)"
+    assert re.match(r"\[  4\] executing +▶ query_sales \{", lines[4]), lines[4]
+    assert f"approval {approval_id} needed: publish_report" in parked.stdout
+    assert "waiting_human ● executing → waiting_human" in parked.stdout
+
+    approved = cli(server, "approve", run_id, approval_id, "--by", "u-mgr", "--follow")
+    assert approved.returncode == 0, approved.stderr
+    out = approved.stdout
+    assert f"approved {approval_id} (publish_report@1) by u-mgr" in out
+    seqs = [int(s) for s in re.findall(r"^\[ *(\d+)\]", out, re.M)]
+    assert seqs == list(range(15, 15 + len(seqs))), out  # resumes after the decision
+    assert "▶ publish_report" in out and f"{run_id} succeeded" in out and "SKU-1008" in out
+
+    again = cli(server, "approve", run_id, approval_id, "--by", "u-mgr")
+    assert again.returncode == 0 and "already approved" in again.stdout
+    conflict = cli(server, "reject", run_id, approval_id)
+    assert conflict.returncode == 2 and "APPROVAL_CONFLICT" in conflict.stderr
+
+    shown = cli(server, "show", run_id)
+    assert shown.returncode == 0 and "state:    succeeded" in shown.stdout
+    assert "answer: " in shown.stdout and "SKU-1008" in shown.stdout
+    trace = cli(server, "trace", run_id, "--json")
+    assert trace.returncode == 0, trace.stderr
+    record = json.loads(trace.stdout)
+    assert [e["seq"] for e in record["events"]] == list(range(1, len(record["events"]) + 1))
+    assert [a["status"] for a in record["approvals"]] == ["approved"]
+    assert [c["tool"] for c in record["tool_calls"]][-1] == "publish_report"
+    text_trace = cli(server, "trace", run_id)
+    assert text_trace.returncode == 0
+    for section in ("steps:", "tool calls:", "approvals:", "events:"):
+        assert f"\n{section}\n" in text_trace.stdout
+
+    listed = cli(server, "runs", "--json")
+    assert listed.returncode == 0
+    assert [r["run_id"] for r in json.loads(listed.stdout)["items"]] == [run_id]
+
+
+def test_json_follow_reject_cancel_and_errors(server: ServerProcess) -> None:
+    server.start()
+    followed = cli(server, "run", *DEMO, "--json", "--follow")
+    assert followed.returncode == 3, followed.stderr
+    events = json_lines(followed.stdout)  # one JSON object per line, nothing else
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[-1]["type"] == "state" and events[-1]["data"]["to"] == "waiting_human"
+    assert events[-2]["type"] == "approval_request"
+    rejected_run, approval_id = events[-1]["run_id"], events[-2]["data"]["approval_id"]
+    rejected = cli(server, "reject", rejected_run, approval_id, "--comment", "no")
+    assert rejected.returncode == 1, rejected.stdout + rejected.stderr
+    assert "APPROVAL_REJECTED" in rejected.stdout
+
+    created = cli(server, "run", *DEMO, "--idempotency-key", "k-1", "--max-steps", "9")
+    assert created.returncode == 0, created.stderr
+    run_id = re.findall(r"^created (run-\S+)$", created.stdout, re.M)[0]
+    again = cli(server, "run", *DEMO, "--idempotency-key", "k-1", "--max-steps", "9", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["run_id"] == run_id
+    parked = cli(server, "follow", run_id)
+    assert parked.returncode == 3 and approval_hint(parked.stdout)[0] == run_id
+    cancelled = cli(server, "cancel", run_id, "--reason", "not needed")
+    assert cancelled.returncode == 1, cancelled.stderr
+    assert "RUN_CANCELLED: not needed" in cancelled.stdout
+    assert cli(server, "show", run_id).returncode == 1
+
+    listed = json.loads(cli(server, "runs", "--json", "--state", "failed").stdout)["items"]
+    assert {r["run_id"] for r in listed} == {rejected_run, run_id}
+    table = cli(server, "runs", "--limit", "1").stdout.splitlines()
+    assert table[0].split() == ["RUN", "STATE", "AGENT", "STEPS", "CREATED", "INPUT"]
+    assert len(table) == 2 and table[1].startswith(run_id)
+
+    missing = cli(server, "show", "run-nope")
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert "RUN_NOT_FOUND" in missing.stderr and "run-nope" in missing.stderr
+    problem = cli(server, "trace", "run-nope", "--json")
+    assert problem.returncode == 2 and json.loads(problem.stderr)["code"] == "RUN_NOT_FOUND"
+    bad = cli(server, "run", "x", "--context-json", "[1]")
+    assert bad.returncode == 2 and "JSON object" in bad.stderr
+    down = cli(server, "--url", "http://127.0.0.1:9", "runs")
+    assert down.returncode == 2 and "SERVER_UNREACHABLE" in down.stderr
+
+
+def test_follow_reconnects_across_a_server_restart(server: ServerProcess) -> None:
+    server.start()
+    proc = subprocess.Popen(
+        [*CLI, "run", "sleep 30", "--agent=slow_worker", "--follow", "--json"],
+        cwd=ROOT,
+        env=cli_env(server),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        head = []
+        for line in proc.stdout:
+            head.append(json.loads(line))
+            if head[-1]["type"] == "action" and head[-1]["data"]["tool"] == "sleep":
+                break
+        server.kill()  # the stream drops mid-run
+        server.env["TEST_SLEEP_OVERRIDE"] = "0.1"  # the resumed sleep is short
+        server.start()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    events = head + json_lines(out)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))  # no gap, no repeat
+    assert events[-1]["data"]["to"] == "succeeded"
+    assert "reconnecting after event" in err
