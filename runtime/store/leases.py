@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from runtime.store.base import Tx
+from runtime.store.core import CANCEL_CHANNEL, EVENTS_CHANNEL, WORK_CHANNEL, StoreCore
 
-EVENTS_CHANNEL = "agent_runtime_events"
-"""NOTIFY payload '<run_id> <seq>': an event was committed."""
-WORK_CHANNEL = "agent_runtime_work"
-"""NOTIFY payload '<run_id>': a run needs a worker."""
-CANCEL_CHANNEL = "agent_runtime_cancel"
-"""NOTIFY payload '<run_id>': whoever drives the run must stop it."""
+__all__ = ["CANCEL_CHANNEL", "EVENTS_CHANNEL", "WORK_CHANNEL", "LeaseQueries"]
 
 
-class LeaseQueries:
+class LeaseQueries(StoreCore):
     """Mixed into RunStore; ``now_sql`` is the database's clock in epoch seconds."""
-
-    now_sql: str
-    skip_locked: str = ""
-
-    def tx(self) -> AbstractAsyncContextManager[Tx]:
-        raise NotImplementedError
 
     async def claim_runs(self, owner: str, limit: int, lease_s: float) -> list[tuple[str, int]]:
         """Claim up to ``limit`` runs that need driving and have no live lease.

@@ -1,0 +1,127 @@
+"""Approvals: one row per human decision, decided by compare-and-set."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.errors import Code, RuntimeProblem
+from runtime.events import EventType
+from runtime.lifecycle import State, Trigger
+from runtime.model import Approval, ApprovalDecision
+from runtime.store.core import WORK_CHANNEL, StoreCore, _dec, _ts
+
+
+class ApprovalQueries(StoreCore):
+    """Approval rows and their decisions."""
+
+    # -- approvals ------------------------------------------------------------
+
+    async def ensure_approval(self, approval: Approval, request: dict[str, Any]) -> Approval:
+        """Create the approval with its approval_request event, unless it exists already."""
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            if await self._insert_once(
+                tx, "approvals", "approval_id", approval.model_dump(mode="json")
+            ):
+                await self._append(
+                    tx, approval.run_id, EventType.APPROVAL_REQUEST, request, appended
+                )
+            row = await tx.fetchone(
+                "SELECT * FROM approvals WHERE approval_id = ?", (approval.approval_id,)
+            )
+        self._notify(appended)
+        assert row is not None
+        return Approval.model_validate(_dec(row))
+
+    async def get_approval(self, approval_id: str) -> Approval | None:
+        async with self.tx() as tx:
+            row = await tx.fetchone("SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
+        return Approval.model_validate(_dec(row)) if row else None
+
+    async def list_approvals(
+        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[Approval]:
+        where, params = ["1 = 1"], []
+        if status:
+            where.append("status = ?")
+            params.append(status)
+        if run_id:
+            where.append("run_id = ?")
+            params.append(run_id)
+        async with self.tx() as tx:
+            rows = await tx.fetchall(
+                f"SELECT * FROM approvals WHERE {' AND '.join(where)} "
+                "ORDER BY created_at, approval_id LIMIT ?",
+                [*params, limit],
+            )
+        return [Approval.model_validate(_dec(r)) for r in rows]
+
+    async def decide_approval(
+        self,
+        approval_id: str,
+        decision: ApprovalDecision,
+        *,
+        decided_by: str,
+        comment: str | None,
+    ) -> tuple[Approval, bool]:
+        """Compare-and-set a pending approval to ``decision``; returns (row, won).
+
+        Only the winner gets ``won``. In the same transaction an approval moves a
+        parked run back to executing, and an approve or reject asks for a worker to
+        resume the run (a run still on its way to waiting_human picks the decision
+        up itself when it parks).
+        """
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                f"SELECT * FROM approvals WHERE approval_id = ?{self.for_update}", (approval_id,)
+            )
+            if row is None:
+                raise RuntimeProblem(Code.APPROVAL_NOT_FOUND, f"approval {approval_id} not found")
+            won = row["status"] == "pending"
+            if won:
+                now = _ts()
+                await tx.execute(
+                    "UPDATE approvals SET status = ?, decided_by = ?, comment = ?, "
+                    "decided_at = ? WHERE approval_id = ? AND status = 'pending'",
+                    (decision, decided_by, comment, now, approval_id),
+                )
+                await self._append(
+                    tx,
+                    row["run_id"],
+                    EventType.APPROVAL_RESULT,
+                    {
+                        "approval_id": approval_id,
+                        "tool_call_id": row["tool_call_id"],
+                        "decision": decision,
+                        "decided_by": decided_by,
+                        "comment": comment,
+                    },
+                    appended,
+                )
+                if decision != "expired":
+                    run = await tx.fetchone(
+                        f"SELECT state FROM runs WHERE run_id = ?{self.for_update}",
+                        (row["run_id"],),
+                    )
+                    if run is not None and run["state"] == State.WAITING_HUMAN.value:
+                        fields: dict[str, Any] = {"needs_drive": 1}
+                        if decision == "approved":
+                            await self._transition(
+                                tx,
+                                row["run_id"],
+                                Trigger.APPROVED,
+                                State.WAITING_HUMAN,
+                                (),
+                                {**fields, "pending_approval": None},
+                                appended,
+                            )
+                        else:
+                            await self._update_run(tx, row["run_id"], **fields)
+                        await self._announce(tx, WORK_CHANNEL, row["run_id"])
+                row = await tx.fetchone(
+                    "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,)
+                )
+        self._notify(appended)
+        assert row is not None
+        return Approval.model_validate(_dec(row)), won

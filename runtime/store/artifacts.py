@@ -1,0 +1,50 @@
+"""Artifacts: content-addressed bytes and their metadata."""
+
+from __future__ import annotations
+
+from runtime.events import EventType
+from runtime.model import Artifact
+from runtime.store.core import StoreCore
+
+
+class ArtifactQueries(StoreCore):
+    """Artifact rows."""
+
+    # -- artifacts ------------------------------------------------------------
+
+    async def put_artifact(self, artifact: Artifact, content: bytes) -> Artifact:
+        """Store content-addressed bytes once; the artifact event goes to the run's log."""
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            await self._insert_once(
+                tx,
+                "artifacts",
+                "artifact_id",
+                {**artifact.model_dump(mode="json"), "content": content},
+            )
+            if artifact.run_id is not None:
+                await self._append(
+                    tx,
+                    artifact.run_id,
+                    EventType.ARTIFACT,
+                    artifact.model_dump(mode="json", exclude={"run_id"}),
+                    appended,
+                    dedupe_key=f"artifact:{artifact.artifact_id}",
+                )
+        self._notify(appended)
+        return artifact
+
+    async def artifact_exists(self, artifact_id: str) -> bool:
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "SELECT 1 AS one FROM artifacts WHERE artifact_id = ?", (artifact_id,)
+            )
+        return row is not None
+
+    async def get_artifact(self, artifact_id: str) -> tuple[Artifact, bytes] | None:
+        async with self.tx() as tx:
+            row = await tx.fetchone("SELECT * FROM artifacts WHERE artifact_id = ?", (artifact_id,))
+        if row is None:
+            return None
+        content = bytes(row.pop("content") or b"")
+        return Artifact.model_validate(row), content

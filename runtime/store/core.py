@@ -1,0 +1,272 @@
+"""The store's core: transactions, fencing, encoding, the event log and run transitions.
+
+Every change that an event describes is written in the same transaction as the
+event; every transition goes through the lifecycle table here.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
+from enum import Enum
+from typing import Any, Protocol, Self
+
+from runtime.errors import Code, RuntimeProblem
+from runtime.events import EventType
+from runtime.lifecycle import State, Trigger, transition
+from runtime.model import (
+    utcnow,
+)
+from runtime.store.schema import MIGRATIONS
+
+Row = dict[str, Any]
+EventListener = Callable[[str, int], None]
+
+_JSON_COLUMNS = {
+    "context",
+    "options",
+    "usage",
+    "limits",
+    "pending_approval",
+    "result",
+    "outcome",
+    "decision",
+    "args",
+    "output",
+    "error",
+    "data",
+}
+
+
+EVENTS_CHANNEL = "agent_runtime_events"
+"""NOTIFY payload '<run_id> <seq>': an event was committed."""
+WORK_CHANNEL = "agent_runtime_work"
+"""NOTIFY payload '<run_id>': a run needs a worker."""
+CANCEL_CHANNEL = "agent_runtime_cancel"
+"""NOTIFY payload '<run_id>': whoever drives the run must stop it."""
+
+
+class Tx(Protocol):
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None: ...
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]: ...
+
+
+def _enc(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if hasattr(value, "model_dump"):
+        return json.dumps(value.model_dump(mode="json"), ensure_ascii=False)
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    if isinstance(value, datetime):
+        return _iso(value)
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _dec(row: Row) -> Row:
+    return {
+        k: (json.loads(v) if k in _JSON_COLUMNS and isinstance(v, str) else v)
+        for k, v in row.items()
+    }
+
+
+def _iso(value: datetime) -> str:
+    # The same shape pydantic writes, so stored timestamps sort as text.
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def _ts() -> str:
+    return _iso(utcnow())
+
+
+def encode_cursor(*parts: str) -> str:
+    return base64.urlsafe_b64encode("\x1f".join(parts).encode()).decode()
+
+
+def decode_cursor(cursor: str, parts: int = 2) -> list[str]:
+    try:
+        decoded = base64.b64decode(cursor.encode(), altchars=b"-_", validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        decoded = ""
+    fields = decoded.split("\x1f")
+    if len(fields) != parts:
+        raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
+    return fields
+
+
+class LeaseLost(Exception):
+    """This worker's lease on the run was taken over: it must stop writing to the run."""
+
+
+class StoreCore(ABC):
+    """What every part of the store shares. Dialects provide :meth:`_tx`."""
+
+    dialect: str
+    blob_type: str
+    for_update: str = ""
+    now_sql: str
+    skip_locked: str = ""
+
+    def __init__(self) -> None:
+        self._listeners: list[EventListener] = []
+        self._fence: tuple[str, int] | None = None
+
+    # -- plumbing -------------------------------------------------------------
+
+    @abstractmethod
+    def _tx(self) -> AbstractAsyncContextManager[Tx]:
+        """A transaction that commits on success and rolls back on error."""
+
+    @asynccontextmanager
+    async def tx(self) -> AsyncIterator[Tx]:
+        async with self._tx() as tx:
+            if self._fence is not None:
+                await self._check_fence(tx, *self._fence)
+            yield tx
+
+    def fenced(self, run_id: str, lease_version: int) -> Self:
+        """A view of this store whose every transaction first checks the run's lease.
+
+        A worker that lost its lease (paused, partitioned) gets :class:`LeaseLost`
+        instead of writing over the new owner; the check locks the run row, so it
+        holds until the transaction commits.
+        """
+        view = copy.copy(self)
+        view._fence = (run_id, lease_version)
+        return view
+
+    async def _check_fence(self, tx: Tx, run_id: str, lease_version: int) -> None:
+        row = await tx.fetchone(
+            f"SELECT lease_version FROM runs WHERE run_id = ?{self.for_update}", (run_id,)
+        )
+        if row is None or int(row["lease_version"]) != lease_version:
+            raise LeaseLost(f"lease {lease_version} on {run_id} is no longer held")
+
+    async def _announce(self, tx: Tx, channel: str, payload: str) -> None:  # noqa: B027
+        """Tell other processes, on commit (PostgreSQL NOTIFY); in-process only by default."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def ping(self) -> None: ...
+
+    def add_listener(self, listener: EventListener) -> None:
+        """Called with (run_id, seq) after a transaction that appended an event commits."""
+        self._listeners.append(listener)
+
+    async def migrate(self) -> None:
+        async with self.tx() as tx:
+            await tx.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = await tx.fetchone("SELECT MAX(version) AS v FROM schema_version")
+            current = (row or {}).get("v") or 0
+            for version, statements in enumerate(MIGRATIONS, start=1):
+                if version <= current:
+                    continue
+                for sql in statements:
+                    await tx.execute(sql.format(blob=self.blob_type))
+                await tx.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+
+    def _notify(self, appended: list[tuple[str, int]]) -> None:
+        for run_id, seq in appended:
+            for listener in self._listeners:
+                listener(run_id, seq)
+
+    async def _append(
+        self,
+        tx: Tx,
+        run_id: str,
+        type_: EventType,
+        data: dict[str, Any],
+        out: list[tuple[str, int]],
+        dedupe_key: str | None = None,
+    ) -> int | None:
+        """Append one event; with ``dedupe_key``, only if no event of the run has that key."""
+        if dedupe_key is not None:
+            seen = await tx.fetchone(
+                "SELECT seq FROM events WHERE run_id = ? AND dedupe_key = ?", (run_id, dedupe_key)
+            )
+            if seen is not None:
+                return None
+        row = await tx.fetchone(
+            "UPDATE runs SET last_seq = last_seq + 1 WHERE run_id = ? RETURNING last_seq",
+            (run_id,),
+        )
+        if row is None:
+            raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
+        seq = int(row["last_seq"])
+        await tx.execute(
+            "INSERT INTO events (run_id, seq, type, ts, data, dedupe_key) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (run_id, seq, type_.value, _ts(), _enc(data), dedupe_key),
+        )
+        await self._announce(tx, EVENTS_CHANNEL, f"{run_id} {seq}")
+        out.append((run_id, seq))
+        return seq
+
+    async def _insert_once(self, tx: Tx, table: str, key: str, data: dict[str, Any]) -> bool:
+        """Insert a row unless its key exists; True if this call inserted it.
+
+        ON CONFLICT makes a concurrent duplicate wait for the first and then do
+        nothing, instead of failing on the unique key.
+        """
+        cols = list(data)
+        inserted = await tx.fetchone(
+            f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
+            f"ON CONFLICT DO NOTHING RETURNING {key}",
+            [_enc(data[c]) for c in cols],
+        )
+        return inserted is not None
+
+    async def _update_run(self, tx: Tx, run_id: str, **fields: Any) -> None:
+        fields["updated_at"] = _ts()
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        await tx.execute(
+            f"UPDATE runs SET {sets} WHERE run_id = ?",
+            [*(_enc(v) for v in fields.values()), run_id],
+        )
+
+    async def _transition(
+        self,
+        tx: Tx,
+        run_id: str,
+        trigger: Trigger,
+        expect: State | None,
+        events: Sequence[tuple[EventType, dict[str, Any]]],
+        fields: dict[str, Any],
+        appended: list[tuple[str, int]],
+    ) -> None:
+        row = await tx.fetchone(
+            f"SELECT state FROM runs WHERE run_id = ?{self.for_update}", (run_id,)
+        )
+        if row is None:
+            raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
+        current = State(row["state"])
+        if expect is not None and current is not expect:
+            raise RuntimeProblem(
+                Code.RUN_STATE_CONFLICT, f"run is {current.value}, not {expect.value}"
+            )
+        target = transition(current, trigger)
+        for type_, data in events:
+            await self._append(tx, run_id, type_, data, appended)
+        if target in (State.SUCCEEDED, State.FAILED):
+            fields = {**fields, "ended_at": utcnow(), "needs_drive": 0}
+        elif target is State.WAITING_HUMAN:
+            # Parked: nothing to drive until a human decides (decide_approval sets it again).
+            fields = {**fields, "needs_drive": 0}
+        await self._update_run(tx, run_id, state=target, **fields)
+        await self._append(
+            tx,
+            run_id,
+            EventType.STATE,
+            {"from": current.value, "to": target.value, "trigger": trigger.value},
+            appended,
+        )

@@ -1,0 +1,128 @@
+"""The tool-call ledger's rows: begin, claim, finish, close, compensate."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from runtime.errors import Code, RuntimeProblem
+from runtime.events import EventType, result_event
+from runtime.model import ToolCall
+from runtime.store.core import StoreCore, _dec, _enc, _ts
+
+
+class ToolCallQueries(StoreCore):
+    """The ledger: the truth about side effects (DESIGN §7)."""
+
+    # -- the tool-call ledger -------------------------------------------------
+
+    async def get_tool_call(self, tool_call_id: str) -> ToolCall | None:
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "SELECT * FROM tool_calls WHERE tool_call_id = ?", (tool_call_id,)
+            )
+        return ToolCall.model_validate(_dec(row)) if row else None
+
+    async def begin_tool_call(self, call: ToolCall, action: dict[str, Any]) -> ToolCall:
+        """Record that a call is about to run (status running), with its action event.
+
+        If the row exists already, nothing is written and the existing row is returned:
+        the caller must look at its status before executing anything.
+        """
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            if await self._insert_once(
+                tx, "tool_calls", "tool_call_id", call.model_dump(mode="json")
+            ):
+                await self._append(tx, call.run_id, EventType.ACTION, action, appended)
+            row = await tx.fetchone(
+                "SELECT * FROM tool_calls WHERE tool_call_id = ?", (call.tool_call_id,)
+            )
+        self._notify(appended)
+        assert row is not None
+        return ToolCall.model_validate(_dec(row))
+
+    async def update_tool_call(
+        self,
+        tool_call_id: str,
+        *,
+        result: dict[str, Any] | None = None,
+        from_status: Sequence[str] = ("running",),
+        **fields: Any,
+    ) -> ToolCall:
+        """Move a ledger row on (compare-and-set on its status), with its result event."""
+        appended: list[tuple[str, int]] = []
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                f"SELECT * FROM tool_calls WHERE tool_call_id = ?{self.for_update}",
+                (tool_call_id,),
+            )
+            if row is None:
+                raise RuntimeProblem(Code.NOT_FOUND, f"tool call {tool_call_id} not found")
+            if row["status"] in from_status:
+                fields["updated_at"] = _ts()
+                sets = ", ".join(f"{k} = ?" for k in fields)
+                await tx.execute(
+                    f"UPDATE tool_calls SET {sets} WHERE tool_call_id = ?",
+                    [*(_enc(v) for v in fields.values()), tool_call_id],
+                )
+                if result is not None:
+                    await self._append(tx, row["run_id"], EventType.RESULT, result, appended)
+                row = await tx.fetchone(
+                    "SELECT * FROM tool_calls WHERE tool_call_id = ?", (tool_call_id,)
+                )
+        self._notify(appended)
+        assert row is not None
+        return ToolCall.model_validate(_dec(row))
+
+    async def claim_tool_call(self, tool_call_id: str, seen_attempts: int) -> ToolCall | None:
+        """Count one more attempt if nobody else did since ``seen_attempts``; None if lost.
+
+        The compare-and-set makes two drivers that both found the row running
+        agree on which one of them executes it.
+        """
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "UPDATE tool_calls SET attempts = attempts + 1, updated_at = ? "
+                "WHERE tool_call_id = ? AND attempts = ? AND status = 'running' RETURNING *",
+                (_ts(), tool_call_id, seen_attempts),
+            )
+        return ToolCall.model_validate(_dec(row)) if row else None
+
+    async def interrupt_running_calls(self, run_id: str, code: Code, message: str) -> None:
+        """Close the ledger rows a stopped run leaves ``running``: their effect is unknown."""
+        for row in await self.list_tool_calls(run_id):
+            if row.status == "running":
+                cancelled = row.model_copy(update={"status": "cancelled"})
+                await self.update_tool_call(
+                    row.tool_call_id,
+                    result=result_event(cancelled),
+                    status="cancelled",
+                    error={"code": code, "message": message},
+                )
+
+    async def claim_compensation(self, tool_call_id: str) -> bool:
+        """True for exactly one caller: it alone runs the call's compensation."""
+        async with self.tx() as tx:
+            got = await tx.fetchone(
+                "UPDATE tool_calls SET compensation_claimed = 1 WHERE tool_call_id = ? "
+                "AND compensation_claimed = 0 AND compensated = 0 RETURNING tool_call_id",
+                (tool_call_id,),
+            )
+        return got is not None
+
+    async def release_compensation(self, tool_call_id: str, *, done: bool) -> None:
+        async with self.tx() as tx:
+            await tx.execute(
+                "UPDATE tool_calls SET compensation_claimed = ?, compensated = ?, updated_at = ? "
+                "WHERE tool_call_id = ?",
+                (int(done), int(done), _ts(), tool_call_id),
+            )
+
+    async def list_tool_calls(self, run_id: str) -> list[ToolCall]:
+        async with self.tx() as tx:
+            rows = await tx.fetchall(
+                "SELECT * FROM tool_calls WHERE run_id = ? ORDER BY step_index, call_index",
+                (run_id,),
+            )
+        return [ToolCall.model_validate(_dec(r)) for r in rows]
