@@ -70,6 +70,12 @@ async def fail_run(
         await store.decide_approval(
             approval.approval_id, "expired", decided_by="runtime", comment=f"run ended: {code}"
         )
+    trigger = failure_trigger(code, run.state)
+    if (run.state, trigger) not in TRANSITIONS:
+        # Only a run that never started lacks the trigger (pending has no plan_error):
+        # it passes through planning, as every run does, and fails there.
+        run = await store.transition(run_id, Trigger.START, expect=run.state)
+        trigger = failure_trigger(code, run.state)
     happened, compensated = await side_effects(store, run_id)
     outcome = Outcome(
         status="failed",
@@ -81,7 +87,7 @@ async def fail_run(
     error = {"code": code.value, "message": message, "recovery": CODES[code].recovery.value}
     return await store.transition(
         run_id,
-        failure_trigger(code, run.state),
+        trigger,
         expect=run.state,
         events=[(EventType.ERROR, error)],
         outcome=outcome,

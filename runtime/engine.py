@@ -160,7 +160,11 @@ class Engine:
             release = True
         except Exception as exc:
             log.exception("run %s failed", run_id)
-            await fail_run(store, run_id, Code.INTERNAL_ERROR, repr(exc))
+            try:
+                await fail_run(store, run_id, Code.INTERNAL_ERROR, repr(exc))
+            except Exception:
+                log.exception("could not record the failure of %s; handing it back", run_id)
+                release = True
         finally:
             self._cancelling.discard(run_id)
         await asyncio.shield(self._release(run_id, version, release))
@@ -199,8 +203,10 @@ class Engine:
                         return  # parked until a human decides
                     continue  # decided while parking: look again
                 graph_input = resume
-            elif snapshot.values and graph_input is None and not snapshot.next:
-                await adapter.on_stop(values, [])  # the graph had ended before a crash
+            elif snapshot.values and not snapshot.next and not snapshot.tasks:
+                # The graph had ended before a crash. (Tasks with saved writes but no
+                # later checkpoint show an empty `next` too: those are continued below.)
+                await adapter.on_stop(values, [])
                 return
             usage = Usage.model_validate((values or {}).get("usage") or {})
             ctx = Context(run_id=run_id, store=store, active_base_s=usage.active_s)

@@ -35,6 +35,9 @@ async def event_stream(
             if not events:
                 run = await store.get_run(run_id)
                 if run is None or run.state in TERMINAL:
+                    # The terminal event may have committed after our read of the log.
+                    if run is not None and await store.list_events(run_id, after, limit=1):
+                        continue
                     return
                 try:
                     await asyncio.wait_for(waiter.wait(), keepalive_s)
