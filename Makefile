@@ -11,7 +11,7 @@ PORT ?= 8000
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 
-.PHONY: install run test lint typecheck unit format clean
+.PHONY: install run test lint typecheck unit format clean bench
 
 $(UV):
 	$(PY) -m venv $(TOOLS)
@@ -41,6 +41,9 @@ test: lint typecheck
 
 unit: install
 	$(VENV)/bin/pytest -q tests/unit
+
+bench: install
+	$(VENV)/bin/python -m bench.run
 
 format: install
 	$(VENV)/bin/ruff format .

@@ -1,0 +1,274 @@
+"""Runtime overhead: the same planner + no-op tool loop, raw LangGraph vs the engine.
+
+Both sides use the same kind of checkpointer (SQLite file, then PostgreSQL) with
+``durability="sync"``. The engine side includes everything a run pays for in
+process: run row, lease, steps, ledger, events, lifecycle, budget checks. No HTTP.
+
+Repetitions alternate pairwise (raw, engine, then engine, raw, …) so a slow
+moment of the machine hits both sides; we report medians and the median of the
+per-pair ratios, never a single absolute time.
+
+``python -m bench.overhead [--reps N] [--profile sqlite|postgres]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import io
+import operator
+import pstats
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypedDict
+
+import aiosqlite
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.graph import START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from bench import (
+    NOOP_AGENT,
+    TOOL_STEPS,
+    bench_agents,
+    engine_settings,
+    fmt_ms,
+    median,
+    pg_schema,
+)
+from runtime.lifecycle import State
+from runtime.model import RunCreate
+from server.host import Host, open_host
+
+TARGET_RATIO = 1.3
+
+
+# -- raw LangGraph ------------------------------------------------------------
+
+
+class RawState(TypedDict, total=False):
+    input: str
+    step_index: int
+    decision: dict[str, Any] | None
+    observations: Annotated[list[dict[str, Any]], operator.add]
+
+
+async def raw_noop_tool() -> dict[str, object]:
+    return {"ok": True}
+
+
+async def raw_planner(state: RawState) -> dict[str, Any]:
+    done = len(state.get("observations") or [])
+    if done < TOOL_STEPS:
+        decision = {"kind": "tool_calls", "tool_calls": [{"tool": "noop", "args": {}}]}
+    else:
+        decision = {"kind": "finish", "answer": "done"}
+    return {"decision": decision, "step_index": state.get("step_index", 0) + 1}
+
+
+async def raw_tool(state: RawState) -> dict[str, Any]:
+    decision = state.get("decision") or {}
+    observations = []
+    for call in decision.get("tool_calls", []):
+        output = await raw_noop_tool()
+        observations.append({"tool": call["tool"], "status": "succeeded", "output": output})
+    return {"observations": observations}
+
+
+def raw_route(state: RawState) -> Literal["tool", "__end__"]:
+    return "tool" if (state.get("decision") or {}).get("kind") == "tool_calls" else "__end__"
+
+
+def raw_graph(checkpointer: BaseCheckpointSaver[Any]) -> CompiledStateGraph[Any, Any, Any, Any]:
+    builder: StateGraph[RawState, None, RawState, RawState] = StateGraph(RawState)
+    builder.add_node("planner", raw_planner)
+    builder.add_node("tool", raw_tool)
+    builder.add_edge(START, "planner")
+    builder.add_conditional_edges("planner", raw_route)
+    builder.add_edge("tool", "planner")
+    return builder.compile(checkpointer=checkpointer)
+
+
+@contextlib.asynccontextmanager
+async def raw_checkpointer(store: str, tmp: Path) -> AsyncIterator[BaseCheckpointSaver[Any]]:
+    if store == "sqlite":
+        conn = await aiosqlite.connect(tmp / "raw.db")
+        await conn.execute("PRAGMA busy_timeout=10000")
+        saver = AsyncSqliteSaver(conn)
+        await saver.setup()
+        try:
+            yield saver
+        finally:
+            await conn.close()
+        return
+    with pg_schema() as url:
+        pool: AsyncConnectionPool[AsyncConnection[DictRow]] = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=10,
+            kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": 0},
+            open=False,
+        )
+        await pool.open(wait=True, timeout=10)
+        try:
+            pg_saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+            await pg_saver.setup()
+            yield pg_saver
+        finally:
+            await pool.close()
+
+
+@contextlib.asynccontextmanager
+async def engine_host(store: str, tmp: Path) -> AsyncIterator[Host]:
+    if store == "sqlite":
+        async with open_host(
+            engine_settings(tmp, f"sqlite:///{tmp / 'engine.db'}"), agents=bench_agents()
+        ) as host:
+            yield host
+        return
+    with pg_schema() as url:
+        async with open_host(engine_settings(tmp, url), agents=bench_agents()) as host:
+            yield host
+
+
+# -- one run of each ----------------------------------------------------------
+
+
+def raw_runner(graph: CompiledStateGraph[Any, Any, Any, Any]) -> Callable[[], Awaitable[None]]:
+    async def run() -> None:
+        config: Any = {"configurable": {"thread_id": f"raw-{uuid.uuid4().hex}"}}
+        out = await graph.ainvoke({"input": "x"}, config, durability="sync")
+        assert len(out["observations"]) == TOOL_STEPS, out
+
+    return run
+
+
+def engine_runner(host: Host) -> Callable[[], Awaitable[None]]:
+    async def run() -> None:
+        created, _ = await host.engine.create_run(RunCreate(agent_id=NOOP_AGENT, input="x"))
+        final = await host.engine.wait_settled(created.run_id)
+        assert final.state is State.SUCCEEDED, final
+        assert final.usage.tool_calls == TOOL_STEPS, final.usage
+
+    return run
+
+
+async def timed(fn: Callable[[], Awaitable[None]]) -> float:
+    t0 = time.perf_counter()
+    await fn()
+    return time.perf_counter() - t0
+
+
+@dataclass
+class OverheadResult:
+    store: str
+    reps: int
+    raw_s: float
+    engine_s: float
+    ratio: float
+    """median(engine) / median(raw)"""
+    pair_ratio: float
+    """median over pairs of engine/raw"""
+
+    @property
+    def within_target(self) -> bool:
+        return self.pair_ratio <= TARGET_RATIO
+
+    def row(self) -> list[str]:
+        return [
+            self.store,
+            str(self.reps),
+            fmt_ms(self.raw_s),
+            fmt_ms(self.engine_s),
+            f"{self.ratio:.2f}x",
+            f"{self.pair_ratio:.2f}x",
+            "yes" if self.within_target else "NO",
+        ]
+
+
+HEADER = [
+    "store",
+    "pairs",
+    "raw LangGraph / run (median)",
+    "engine / run (median)",
+    "engine/raw (of medians)",
+    "engine/raw (median of pairs)",
+    f"<= {TARGET_RATIO}x",
+]
+
+
+async def measure(store: str, reps: int, warmup: int = 3) -> OverheadResult:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        async with raw_checkpointer(store, tmp) as saver, engine_host(store, tmp) as host:
+            raw, eng = raw_runner(raw_graph(saver)), engine_runner(host)
+            for _ in range(warmup):
+                await raw()
+                await eng()
+            raw_t: list[float] = []
+            eng_t: list[float] = []
+            for i in range(reps):
+                if i % 2 == 0:
+                    raw_t.append(await timed(raw))
+                    eng_t.append(await timed(eng))
+                else:
+                    eng_t.append(await timed(eng))
+                    raw_t.append(await timed(raw))
+    pairs = [e / r for e, r in zip(eng_t, raw_t, strict=True)]
+    return OverheadResult(
+        store=store,
+        reps=reps,
+        raw_s=median(raw_t),
+        engine_s=median(eng_t),
+        ratio=median(eng_t) / median(raw_t),
+        pair_ratio=median(pairs),
+    )
+
+
+async def profile(store: str, runs: int, top: int = 30) -> str:
+    """cProfile of ``runs`` engine runs (the whole event loop, so the store's I/O too)."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmpdir:
+        async with engine_host(store, Path(tmpdir)) as host:
+            eng = engine_runner(host)
+            await eng()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(runs):
+                await eng()
+            prof.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--store", choices=["sqlite", "postgres"], action="append")
+    parser.add_argument("--profile", choices=["sqlite", "postgres"])
+    parser.add_argument("--profile-runs", type=int, default=20)
+    args = parser.parse_args()
+    if args.profile:
+        print(asyncio.run(profile(args.profile, args.profile_runs)))
+        return
+    from bench import markdown_table
+
+    rows = [asyncio.run(measure(s, args.reps)).row() for s in args.store or ["sqlite", "postgres"]]
+    print(markdown_table(HEADER, rows))
+
+
+if __name__ == "__main__":
+    main()
