@@ -44,6 +44,12 @@ class _PgTx:
         return await cur.fetchall()
 
 
+async def _configure(conn: AsyncConnection[DictRow]) -> None:
+    # A process paused mid-transaction (SIGSTOP, a long GC) must not hold run rows
+    # locked forever: PostgreSQL ends such a session, and the others move on.
+    await conn.execute("SET idle_in_transaction_session_timeout = '60s'")
+
+
 async def open_pool(url: str, max_size: int = 10) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
     pool: AsyncConnectionPool[AsyncConnection[DictRow]] = AsyncConnectionPool(
         url,
@@ -52,6 +58,7 @@ async def open_pool(url: str, max_size: int = 10) -> AsyncConnectionPool[AsyncCo
         kwargs=CONNECTION_KWARGS,
         open=False,
         connection_class=AsyncConnection[DictRow],
+        configure=_configure,
     )
     await pool.open(wait=True, timeout=10)
     return pool

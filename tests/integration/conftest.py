@@ -2,10 +2,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from tests.integration.server_proc import ServerProcess
+from tests.integration.server_proc import ServerProcess, _Process
+
+P = TypeVar("P", bound=_Process)
 
 
 @pytest.fixture
@@ -15,6 +18,36 @@ def server(database_url: str, data_dir: Path) -> Iterator[ServerProcess]:
         yield proc
     finally:
         proc.stop()
+
+
+class Processes:
+    """Every process a test starts; all are stopped (SIGCONT, SIGTERM, SIGKILL) at the end."""
+
+    def __init__(self) -> None:
+        self.all: list[_Process] = []
+
+    def add(self, proc: P) -> P:
+        self.all.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        errors: list[BaseException] = []
+        for proc in reversed(self.all):
+            try:
+                proc.stop()
+            except BaseException as exc:  # stop the others regardless
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    procs = Processes()
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
 
 
 def state_is(*states: str):  # type: ignore[no-untyped-def]

@@ -31,34 +31,93 @@ def wait_for_file(path: Path, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-class ServerProcess:
-    def __init__(self, data_dir: Path, database_url: str, **env: str) -> None:
+def base_env(data_dir: Path, database_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "AGENT_RUNTIME_DATA_DIR": str(data_dir),
+        "AGENT_RUNTIME_DATABASE_URL": database_url,
+        "AGENT_RUNTIME_EXTRA_AGENTS": '["tests.agents:build_agents"]',
+        "AGENT_RUNTIME_LOG_LEVEL": "warning",
+        # A killed process's runs are taken over when its leases expire.
+        "AGENT_RUNTIME_LEASE_SECONDS": "2",
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+class _Process:
+    """Signals for a child process: SIGKILL, SIGSTOP/SIGCONT, SIGTERM."""
+
+    proc: subprocess.Popen[bytes] | None
+    log_path: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook, no flush, no goodbye."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets but runs no code until :meth:`resume`."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            # A stopped process does not act on SIGTERM until it is continued.
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+class ServerProcess(_Process):
+    def __init__(
+        self, data_dir: Path, database_url: str, *, no_worker: bool = False, **env: str
+    ) -> None:
         self.data_dir = data_dir
+        self.no_worker = no_worker
         self.port = free_port()
-        self.env = {
-            **os.environ,
-            "AGENT_RUNTIME_DATA_DIR": str(data_dir),
-            "AGENT_RUNTIME_DATABASE_URL": database_url,
-            "AGENT_RUNTIME_EXTRA_AGENTS": '["tests.agents:build_agents"]',
-            "AGENT_RUNTIME_LOG_LEVEL": "warning",
-            # A killed process's runs are taken over when its leases expire.
-            "AGENT_RUNTIME_LEASE_SECONDS": "2",
-            "PYTHONPATH": str(ROOT),
-            **env,
-        }
+        self.env = {**base_env(data_dir, database_url), **env}
         self.proc: subprocess.Popen[bytes] | None = None
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir / f"server-{self.port}.log"
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--port", str(self.port)],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "server.cli",
+                    "serve",
+                    "--port",
+                    str(self.port),
+                    *(["--no-worker"] if self.no_worker else []),
+                ],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -70,21 +129,6 @@ class ServerProcess:
                 pass
             time.sleep(0.05)  # polling for a port to open, not waiting on behaviour
         raise TimeoutError(f"server did not start: {self.log_path.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown hook, no flush, no goodbye."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=30)
@@ -111,3 +155,70 @@ class ServerProcess:
                     if until(event):
                         return events
         return events
+
+
+class WorkerProcess(_Process):
+    """A real ``agent-runtime worker`` subprocess: drives runs, serves no HTTP."""
+
+    STARTED = "worker "  # logged at INFO as "worker <owner> started"
+
+    def __init__(
+        self,
+        data_dir: Path,
+        database_url: str,
+        *,
+        concurrency: int = 4,
+        name: str = "w",
+        **env: str,
+    ) -> None:
+        self.data_dir = data_dir
+        self.concurrency = concurrency
+        self.name = name
+        # INFO, so the start line is logged; lease losses are logged as warnings.
+        self.env = {**base_env(data_dir, database_url), "AGENT_RUNTIME_LOG_LEVEL": "info", **env}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir / f"worker-{name}.log"
+        self.starts = 0
+        self._offset = 0
+
+    def start(self, timeout: float = 30.0, wait: bool = True) -> WorkerProcess:
+        """Start the process; with ``wait``, return once it logged that it is claiming runs."""
+        self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "server.cli",
+                    "worker",
+                    "--concurrency",
+                    str(self.concurrency),
+                ],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.starts += 1
+        if wait:
+            self.wait_started(timeout=timeout)
+        return self
+
+    def wait_started(self, offset: int | None = None, timeout: float = 30.0) -> None:
+        """Wait for the start line logged after ``offset`` (default: since the last start)."""
+        offset = self._offset if offset is None else offset
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited: {self.log_text()[-3000:]}")
+            with self.log_path.open("rb") as fh:
+                fh.seek(offset)
+                tail = fh.read().decode(errors="replace")
+            if any(
+                line.split(": ", 1)[-1].startswith(self.STARTED) and line.endswith(" started")
+                for line in tail.splitlines()
+            ):
+                return
+            time.sleep(0.05)  # polling for the process to come up, not waiting on behaviour
+        raise TimeoutError(f"worker did not start: {self.log_text()[-3000:]}")
