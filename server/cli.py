@@ -47,6 +47,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from server.client import TERMINAL, WAITING_HUMAN
+
 if TYPE_CHECKING:
     from server.client import JSON, Client
     from server.client_render import Printer, Renderer
@@ -191,14 +193,14 @@ class Cli:
 
     def _stops_at(self, run_id: str, state: str, last_request: str | None) -> bool:
         """Whether following ends at this state: terminal, or parked (now, not in the past)."""
-        if state in ("succeeded", "failed"):
+        if state in TERMINAL:
             return True
-        if state != "waiting_human":
+        if state != WAITING_HUMAN:
             return False
         run = self.client.get_run(run_id)
         pending = (run.get("pending_approval") or {}).get("approval_id")
         # Replayed history parks too; stop only where the run is parked now.
-        return run["state"] == "waiting_human" and (
+        return run["state"] == WAITING_HUMAN and (
             last_request is None or pending in (None, last_request)
         )
 
@@ -236,7 +238,7 @@ class Cli:
                 verb = "created" if created else "found (same idempotency key)"
                 self.printer.line(f"{verb} {run_id}")
                 self.printer.lines(self.render.run_summary(run))
-                if str(run["state"]) not in ("succeeded", "failed", "waiting_human"):
+                if str(run["state"]) not in TERMINAL | {WAITING_HUMAN}:
                     self.printer.line(f"follow:   {self.render.command} follow {run_id}")
             return EXIT_SUCCEEDED
         if not self.json:
@@ -277,7 +279,7 @@ class Cli:
         while True:
             run = self.client.get_run(run_id)
             pending = (run.get("pending_approval") or {}).get("approval_id")
-            if run["state"] != "waiting_human" or pending != approval_id:
+            if run["state"] != WAITING_HUMAN or pending != approval_id:
                 return run
             if time.monotonic() >= deadline:
                 return run

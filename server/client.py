@@ -15,10 +15,13 @@ from typing import Any
 
 import httpx
 
+from runtime import lifecycle
+
 JSON = dict[str, Any]
 
-TERMINAL = frozenset({"succeeded", "failed"})
-WAITING_HUMAN = "waiting_human"
+# The public states come from the one lifecycle table; the client only reads them.
+TERMINAL = frozenset(state.value for state in lifecycle.TERMINAL)
+WAITING_HUMAN = lifecycle.State.WAITING_HUMAN.value
 
 #: How long :meth:`Client.events` keeps trying to reconnect before giving up.
 RECONNECT_WINDOW_S = 60.0
