@@ -14,6 +14,9 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
+# The installed console script, as an operator runs it.
+_SCRIPT = Path(sys.executable).with_name("agent-runtime")
+AGENT_RUNTIME = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "server.cli"]
 
 
 def free_port() -> int:
@@ -105,9 +108,7 @@ class ServerProcess(_Process):
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "server.cli",
+                    *AGENT_RUNTIME,
                     "serve",
                     "--port",
                     str(self.port),
@@ -187,9 +188,7 @@ class WorkerProcess(_Process):
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "server.cli",
+                    *AGENT_RUNTIME,
                     "worker",
                     "--concurrency",
                     str(self.concurrency),
