@@ -2,6 +2,12 @@
 
 Compiled without a checkpointer: the LangGraph server brings its own. Importing
 this module generates the demo database under ``AGENT_RUNTIME_DATA_DIR``.
+
+The same builder and nodes as the runtime's; only the services differ. The
+server passes no :class:`runtime.context.Context` (it could not build one from
+JSON), so the graph declares no context schema and its nodes fall back to
+:func:`runtime.context.services`: a run per LangGraph thread in
+``$AGENT_RUNTIME_DATA_DIR/studio.db``, where the ledger, events and approvals live.
 """
 
 from __future__ import annotations
@@ -14,4 +20,6 @@ from graphs.retail_analyst import AGENT_ID, build_agent
 _data_dir = Path(os.environ.get("AGENT_RUNTIME_DATA_DIR", ".agent-runtime"))
 _demo_db = Path(os.environ.get("AGENT_RUNTIME_DEMO_DB_PATH", _data_dir / "retail.db"))
 
-retail_analyst = build_agent(_demo_db).builder.compile(name=AGENT_ID)
+_builder = build_agent(_demo_db).builder
+_builder.context_schema = None
+retail_analyst = _builder.compile(name=AGENT_ID)

@@ -15,7 +15,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from runtime import ids
-from runtime.context import Context
+from runtime.context import Context, services
 from runtime.errors import Code
 from runtime.events import summarize
 from runtime.model import Approval, ApprovalDecision, utcnow
@@ -41,7 +41,7 @@ def parse_decision(answer: Any) -> tuple[ApprovalDecision, str | None, str]:
 
 def make_approval_node(tools: ToolResolver) -> NodeFn:
     async def approval_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
-        ctx = runtime.context
+        ctx = await services(runtime, state)
         rejected: list[dict[str, Any]] = []
         for call in state.get("calls", []):
             if not call["needs_approval"]:

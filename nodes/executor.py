@@ -8,7 +8,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from runtime import failpoints
-from runtime.context import Context
+from runtime.context import Context, services
 from runtime.errors import Code
 from runtime.events import summarize
 from runtime.ids import call_approval_id
@@ -55,7 +55,7 @@ def resolution_call(call: dict[str, Any], row: ToolCall) -> dict[str, Any]:
 
 def make_executor_node(tools: ToolResolver) -> NodeFn:
     async def executor_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
-        ctx = runtime.context
+        ctx = await services(runtime, state)
         context = RunContext.model_validate(state.get("context") or {})
         artifacts = StoreArtifacts(ctx.store, ctx.run_id)
 

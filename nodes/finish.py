@@ -6,7 +6,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from runtime.context import Context
+from runtime.context import Context, services
 from runtime.model import Decision
 from runtime.state import RunState
 
@@ -29,7 +29,7 @@ async def terminal_problems(state: RunState, ctx: Context) -> list[str]:
 
 def make_finish_node() -> NodeFn:
     async def finish_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
-        ctx = runtime.context
+        ctx = await services(runtime, state)
         decision = Decision.model_validate(state["decision"])
         problems = await terminal_problems(state, ctx)
         if problems:

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from runtime import ids
 from runtime.budget import before_tools, limits_from
-from runtime.context import Context
+from runtime.context import Context, services
 from runtime.errors import CODES, Code
 from runtime.events import EventType
 from runtime.model import Decision, RunContext, Usage
@@ -33,7 +33,7 @@ def _validation_message(exc: ValidationError) -> str:
 
 def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
     async def guard_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
-        ctx = runtime.context
+        ctx = await services(runtime, state)
         decision = Decision.model_validate(state["decision"])
         step = state["step_index"]
         context = RunContext.model_validate(state.get("context") or {})

@@ -12,7 +12,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from runtime.budget import before_plan, limits_from
-from runtime.context import Context
+from runtime.context import Context, services
 from runtime.errors import Code
 from runtime.events import EventType
 from runtime.model import Decision, RunContext, Step, Usage, utcnow
@@ -25,7 +25,7 @@ NodeFn = Any
 
 def make_planner_node(planner: Planner, tools: ToolResolver) -> NodeFn:
     async def planner_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
-        ctx = runtime.context
+        ctx = await services(runtime, state)
         usage = Usage.model_validate(state.get("usage") or {})
         limits = limits_from(state.get("limits"))
         step_index = usage.steps

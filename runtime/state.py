@@ -7,7 +7,11 @@ JSON-shaped values, summaries and refs; bulk outputs live in artifacts.
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any
+
+# typing_extensions' TypedDict: pydantic (and so LangGraph Studio's input form) cannot
+# build a JSON schema from typing.TypedDict on Python < 3.12.
+from typing_extensions import TypedDict
 
 
 class InputState(TypedDict, total=False):

@@ -45,7 +45,8 @@ class SqliteRunStore(RunStore):
 
     @classmethod
     async def open(cls, path: Path) -> SqliteRunStore:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # In a thread: a LangGraph server refuses blocking calls inside a run.
+        await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
         conn = await aiosqlite.connect(path, isolation_level=None)
         conn.row_factory = aiosqlite.Row
         await conn.execute("PRAGMA journal_mode=WAL")

@@ -1,0 +1,214 @@
+"""``langgraph dev`` (LangGraph Studio's local server) serves the graphs of langgraph.json.
+
+The retail_analyst graph runs to its approval interrupt, shows the approval, and
+resumes with ``Command(resume=...)``: approve → an answer naming SKUs; reject →
+APPROVAL_REJECTED. Side effects are still ledgered, in ``$AGENT_RUNTIME_DATA_DIR/studio.db``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from langgraph_sdk import get_client
+from langgraph_sdk.client import LangGraphClient
+
+from runtime.store.sqlite import SqliteRunStore
+from tests.integration.server_proc import ROOT, free_port
+
+LANGGRAPH = Path(sys.executable).with_name("langgraph")
+QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
+INPUT = {"input": QUESTION, "context": {"scope": ["sales_region:east"]}}
+GRAPH = "retail_analyst"
+
+# No network: no LangSmith tracing or metadata, no PyPI version check, no CLI analytics.
+OFFLINE_ENV = {
+    "LANGSMITH_TRACING": "false",
+    "LANGCHAIN_TRACING_V2": "false",
+    "LANGGRAPH_NO_VERSION_CHECK": "true",
+    "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+}
+SECRETS = ("LANGSMITH_API_KEY", "LANGCHAIN_API_KEY", "LANGGRAPH_CLOUD_LICENSE_KEY")
+
+
+class DevServer:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = data_dir / "langgraph-dev.log"
+        env = {k: v for k, v in os.environ.items() if k not in SECRETS}
+        env.update(OFFLINE_ENV, AGENT_RUNTIME_DATA_DIR=str(data_dir), NO_COLOR="1")
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    str(LANGGRAPH),
+                    "dev",
+                    "--no-browser",
+                    "--no-reload",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"langgraph dev exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/ok", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"langgraph dev not ready:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
+    server = DevServer(tmp_path_factory.mktemp("studio"))
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def client(dev_server: DevServer) -> AsyncIterator[LangGraphClient]:
+    lg = get_client(url=dev_server.url)
+    try:
+        yield lg
+    finally:
+        await lg.http.client.aclose()
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+BAD = re.compile(r"\b(warning|error|critical|exception|traceback)\b", re.IGNORECASE)
+
+
+def problems(log: str) -> list[str]:
+    """Log lines at WARNING or above, and tracebacks."""
+    lines = [ANSI.sub("", line) for line in log.splitlines()]
+    return [line for line in lines if BAD.search(line)]
+
+
+async def run_to_interrupt(client: LangGraphClient) -> tuple[str, dict[str, Any]]:
+    thread = await client.threads.create()
+    thread_id = thread["thread_id"]
+    await client.runs.wait(thread_id, GRAPH, input=INPUT, raise_error=True)
+    state = await client.threads.get_state(thread_id)
+    assert state["next"] == ["approval"], state
+    interrupts = [i for task in state["tasks"] for i in task["interrupts"]]
+    assert len(interrupts) == 1, interrupts
+    return thread_id, interrupts[0]["value"]
+
+
+async def test_graphs_load_without_errors_or_warnings(
+    dev_server: DevServer, client: LangGraphClient
+) -> None:
+    assistants = await client.assistants.search(graph_id=GRAPH)
+    assert [a["graph_id"] for a in assistants] == [GRAPH]
+    graph = await client.assistants.get_graph(assistants[0]["assistant_id"])
+    assert {"planner", "guard", "approval", "executor", "finish"} <= {
+        n["id"] for n in graph["nodes"]
+    }
+    schemas = await client.assistants.get_schemas(assistants[0]["assistant_id"])
+    assert schemas["context_schema"] is None  # the engine's services are not JSON
+    assert problems(dev_server.log()) == []
+    assert {"input", "context"} <= set(schemas["input_schema"]["properties"])
+    assert schemas["output_schema"]["properties"]["result"]
+
+
+async def test_approve_resumes_to_an_answer(dev_server: DevServer, client: LangGraphClient) -> None:
+    thread_id, request = await run_to_interrupt(client)
+    assert request["tool"] == "publish_report"
+    assert request["risk"] == "high"
+    assert request["reason"]
+    assert request["args"]["recipients"]
+    assert request["approval_id"].startswith("ap-")
+    assert request["run_id"] == thread_id
+
+    result = await client.runs.wait(
+        thread_id,
+        GRAPH,
+        command={"resume": {"decision": "approve", "comment": "ok"}},
+        raise_error=True,
+    )
+    assert isinstance(result, dict)
+    assert result["outcome"]["status"] == "succeeded", result["outcome"]
+    assert re.search(r"SKU-\d+", result["result"]["answer"]), result["result"]
+    assert result["result"]["artifacts"]
+    state = await client.threads.get_state(thread_id)
+    assert state["next"] == []
+
+    # The side effects went through the ledger, and the approval was decided there.
+    store = await SqliteRunStore.open(dev_server.data_dir / "studio.db")
+    try:
+        approval = await store.get_approval(request["approval_id"])
+        assert approval is not None and approval.status == "approved"
+        assert approval.comment == "ok"
+        calls = await store.list_tool_calls(thread_id)
+        assert [c.tool for c in calls] == ["query_sales", "write_report", "publish_report"]
+        assert all(c.status == "succeeded" for c in calls)
+    finally:
+        await store.close()
+    assert problems(dev_server.log()) == []
+
+
+async def test_reject_ends_with_approval_rejected(
+    dev_server: DevServer, client: LangGraphClient
+) -> None:
+    thread_id, request = await run_to_interrupt(client)
+    await client.runs.wait(
+        thread_id,
+        GRAPH,
+        command={"resume": {"decision": "reject", "comment": "not this week"}},
+        raise_error=True,
+    )
+    state = await client.threads.get_state(thread_id)
+    assert state["next"] == []
+    outcome = state["values"]["outcome"]
+    assert outcome["status"] == "failed"
+    assert outcome["code"] == "APPROVAL_REJECTED"
+    assert "not this week" in outcome["message"]
+    assert not state["values"].get("result")
+
+    store = await SqliteRunStore.open(dev_server.data_dir / "studio.db")
+    try:
+        approval = await store.get_approval(request["approval_id"])
+        assert approval is not None and approval.status == "rejected"
+        calls = await store.list_tool_calls(thread_id)
+        assert "publish_report" not in [c.tool for c in calls]
+    finally:
+        await store.close()
+    assert problems(dev_server.log()) == []
