@@ -76,6 +76,14 @@ class TcpProxy:
             transport.abort()  # RST, no goodbye
         self._writers.clear()
 
+    async def _shutdown(self) -> None:
+        await self._cut()
+        # Connection handlers still unwinding would be destroyed pending with the loop.
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     # -- the test's side ------------------------------------------------------
 
     def start(self) -> TcpProxy:
@@ -92,6 +100,8 @@ class TcpProxy:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self._call(self._cut())
+            self._call(self._shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
