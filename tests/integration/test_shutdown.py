@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.agents import counter_lines
-from tests.integration.conftest import state_is
-from tests.integration.server_proc import ServerProcess, wait_for_file
+from tests.integration.conftest import Processes, state_is
+from tests.integration.server_proc import ServerProcess, WorkerProcess, wait_for_file
 
 # Leases far longer than the test: a run can only move on if it was handed back.
 LONG_LEASE = {"AGENT_RUNTIME_LEASE_SECONDS": "600", "AGENT_RUNTIME_SHUTDOWN_GRACE_S": "0.5"}
@@ -38,3 +38,26 @@ def test_sigterm_hands_running_runs_to_the_next_process(pg_schema_url: str, data
     finally:
         first.stop()
         second.stop()
+
+
+def test_cancel_on_a_server_stops_the_run_in_the_worker_that_holds_it(
+    pg_schema_url: str, data_dir: Path, processes: Processes
+) -> None:
+    server = processes.add(ServerProcess(data_dir, pg_schema_url, no_worker=True)).start()
+    worker = processes.add(WorkerProcess(data_dir, pg_schema_url, name="holder"))
+    worker.start()
+    with server.client() as http:
+        run_id = http.post("/runs", json={"agent_id": "slow_worker", "input": "sleep 60"}).json()[
+            "run_id"
+        ]
+        wait_for_file(data_dir / "sleep.log")  # the worker is inside the sleep tool
+        resp = http.post(f"/runs/{run_id}/cancel", json={"reason": "stop it", "compensate": True})
+        assert resp.status_code == 200, resp.text
+        run = resp.json()
+        calls = {c["tool"]: c for c in http.get(f"/runs/{run_id}/tool-calls").json()}
+    assert run["state"] == "failed" and run["outcome"]["code"] == "RUN_CANCELLED"
+    assert calls["sleep"]["status"] == "cancelled"  # the in-flight asyncio call was cancelled
+    counter_id = calls["counter"]["tool_call_id"]
+    assert run["outcome"]["side_effects"] == [counter_id]  # sleep has no side effect
+    assert run["outcome"]["compensations"] == [counter_id]
+    assert counter_lines(data_dir) == [f"{counter_id} once", f"{counter_id} undo"]
