@@ -11,13 +11,24 @@ from tests.integration.server_proc import ServerProcess, _Process
 P = TypeVar("P", bound=_Process)
 
 
-@pytest.fixture
-def server(database_url: str, data_dir: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(data_dir, database_url)
+def _serving(url: str, data_dir: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(data_dir, url)
     try:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture
+def server(database_url: str, data_dir: Path) -> Iterator[ServerProcess]:
+    """A server (not yet started) on each database."""
+    yield from _serving(database_url, data_dir)
+
+
+@pytest.fixture
+def pg_server(pg_schema_url: str, data_dir: Path) -> Iterator[ServerProcess]:
+    """A server (not yet started) on PostgreSQL only."""
+    yield from _serving(pg_schema_url, data_dir)
 
 
 class Processes:

@@ -7,9 +7,6 @@ write and the checkpoint write.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from tests.agents import counter_lines
@@ -18,15 +15,6 @@ from tests.integration.server_proc import ServerProcess
 from tools.retail import outbox_rows
 
 EAST = {"user_id": "u1", "tenant_id": "t1", "scope": ["sales_region:east"]}
-
-
-@pytest.fixture
-def pg_server(pg_schema_url: str, data_dir: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(data_dir, pg_schema_url)
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def crash_then_restart(server: ServerProcess) -> None:
