@@ -52,10 +52,22 @@ class _Process:
 
     proc: subprocess.Popen[bytes] | None
     log_path: Path
+    env: dict[str, str]
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
+        """``agent-runtime <args>`` with this process's env, logging to its log file."""
+        with self.log_path.open("ab") as log:
+            return subprocess.Popen(
+                [*AGENT_RUNTIME, *args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     @property
     def pid(self) -> int:
@@ -105,20 +117,9 @@ class ServerProcess(_Process):
         self.log_path = data_dir / f"server-{self.port}.log"
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *AGENT_RUNTIME,
-                    "serve",
-                    "--port",
-                    str(self.port),
-                    *(["--no-worker"] if self.no_worker else []),
-                ],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        self.proc = self._spawn(
+            "serve", "--port", str(self.port), *(["--no-worker"] if self.no_worker else [])
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -185,19 +186,7 @@ class WorkerProcess(_Process):
     def start(self, timeout: float = 30.0, wait: bool = True) -> WorkerProcess:
         """Start the process; with ``wait``, return once it logged that it is claiming runs."""
         self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *AGENT_RUNTIME,
-                    "worker",
-                    "--concurrency",
-                    str(self.concurrency),
-                ],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        self.proc = self._spawn("worker", "--concurrency", str(self.concurrency))
         self.starts += 1
         if wait:
             self.wait_started(timeout=timeout)
