@@ -50,6 +50,9 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
             assert spec is not None, "the guard resolved this tool"
             approval_id = ids.call_approval_id(call)
             kind = call.get("kind", "tool_call")
+            # The approver sees the call as the trace shows it: secret args stay hidden,
+            # and args_hash still binds the decision to the real values.
+            shown = spec.redact(call["args"])
             request = {
                 "kind": kind,
                 "approval_id": approval_id,
@@ -57,8 +60,8 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
                 "tool_call_id": call["tool_call_id"],
                 "tool": spec.name,
                 "version": spec.version,
-                "args": call["args"],
-                "args_summary": summarize(call["args"]),
+                "args": shown,
+                "args_summary": summarize(shown),
                 "risk": spec.risk,
                 "reason": call["reason"],
             }
@@ -68,7 +71,7 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
                     run_id=ctx.run_id,
                     tool_call_id=call["tool_call_id"],
                     tool=spec.ref,
-                    args=call["args"],
+                    args=shown,
                     args_hash=call["args_hash"],
                     risk=spec.risk,
                     reason=call["reason"],

@@ -91,7 +91,7 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
                 "tool_call_id": row.tool_call_id,
                 "tool": spec.name,
                 "version": spec.version,
-                "args": summarize(call["args"]),
+                "args": summarize(spec.redact(call["args"])),
                 "idempotency_key": row.idempotency_key,
             }
             rerun = False

@@ -91,8 +91,13 @@ class Engine:
 
     # -- creating -------------------------------------------------------------
 
-    async def create_run(self, request: RunCreate) -> tuple[Run, bool]:
-        """Create a run (or find the one with the same idempotency key); a worker starts it."""
+    async def create_run(
+        self, request: RunCreate, *, max_active: int | None = None
+    ) -> tuple[Run, bool]:
+        """Create a run (or find the one with the same idempotency key); a worker starts it.
+
+        ``max_active`` caps the runs of the request's tenant that are not yet parked or done.
+        """
         agent_id = request.agent_id or self.default_agent
         if agent_id not in self.agents:
             raise RuntimeProblem(Code.AGENT_NOT_FOUND, f"no agent {agent_id!r}")
@@ -112,7 +117,7 @@ class Engine:
         fingerprint = content_hash(
             request.model_dump(mode="json", exclude={"options": {"idempotency_key"}})
         )
-        run, created = await self.store.create_run(run, fingerprint)
+        run, created = await self.store.create_run(run, fingerprint, max_active=max_active)
         if created:
             self.wake()
         return run, created

@@ -46,6 +46,14 @@ class Code(StrEnum):
     APPROVAL_CONFLICT = "APPROVAL_CONFLICT"
     RUN_STATE_CONFLICT = "RUN_STATE_CONFLICT"
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PRINCIPAL_MISMATCH = "PRINCIPAL_MISMATCH"
+    SCOPE_NOT_GRANTED = "SCOPE_NOT_GRANTED"
+    ROLE_REQUIRED = "ROLE_REQUIRED"
+    FOUR_EYES = "FOUR_EYES"
+    TENANT_RUN_LIMIT = "TENANT_RUN_LIMIT"
+    TOO_MANY_STREAMS = "TOO_MANY_STREAMS"
+    JSON_TOO_DEEP = "JSON_TOO_DEEP"
     NOT_FOUND = "NOT_FOUND"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
@@ -87,6 +95,14 @@ CODES: dict[Code, CodeInfo] = {
     C.APPROVAL_CONFLICT: CodeInfo("Approval already decided differently", R.NONE, 409),
     C.RUN_STATE_CONFLICT: CodeInfo("Run is not in a state that allows this", R.NONE, 409),
     C.PAYLOAD_TOO_LARGE: CodeInfo("Request body too large", R.NONE, 413),
+    C.UNAUTHENTICATED: CodeInfo("Missing or invalid credentials", R.NONE, 401),
+    C.PRINCIPAL_MISMATCH: CodeInfo("The body names someone other than the caller", R.NONE, 403),
+    C.SCOPE_NOT_GRANTED: CodeInfo("The caller does not hold a requested scope", R.NONE, 403),
+    C.ROLE_REQUIRED: CodeInfo("The caller lacks the role this needs", R.NONE, 403),
+    C.FOUR_EYES: CodeInfo("The run's own user cannot approve its action", R.NONE, 403),
+    C.TENANT_RUN_LIMIT: CodeInfo("Too many active runs for this tenant", R.RETRY, 429),
+    C.TOO_MANY_STREAMS: CodeInfo("Too many open event streams", R.RETRY, 429),
+    C.JSON_TOO_DEEP: CodeInfo("Request JSON is nested too deeply", R.NONE, 422),
     C.NOT_FOUND: CodeInfo("Not found", R.NONE, 404),
     C.METHOD_NOT_ALLOWED: CodeInfo("Method not allowed", R.NONE, 405),
     C.NOT_ACCEPTABLE: CodeInfo("Not acceptable", R.NONE, 406),

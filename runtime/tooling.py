@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from runtime.model import Artifact, RunContext
 
 Risk = Literal["low", "medium", "high"]
+REDACTED = "[redacted]"
 
 
 class ToolBusinessError(Exception):
@@ -59,6 +60,14 @@ class ToolSpec:
     compensate: Compensator | None = None
     required_scopes: Callable[[BaseModel], list[str]] = field(default=lambda _args: [])
     on_reject: Literal["fail", "replan"] = "fail"
+    secret_args: frozenset[str] = frozenset()
+    """Top-level argument names whose values never appear in events, traces or logs."""
+    four_eyes: bool = True
+    """When a call needs approval, the run's own user may not give it."""
+
+    def redact(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``args`` as events, traces and logs may show them."""
+        return {k: (REDACTED if k in self.secret_args else v) for k, v in args.items()}
 
     @property
     def ref(self) -> str:
@@ -74,6 +83,7 @@ class ToolSpec:
             "idempotent": self.idempotent,
             "reconcile": self.reconcile is not None,
             "compensate": self.compensate is not None,
+            "secret_args": sorted(self.secret_args),
             "schema": self.args_model.model_json_schema(),
         }
 
@@ -82,3 +92,12 @@ class ToolResolver(Protocol):
     def resolve(self, name: str, version: str | None = None) -> ToolSpec | None: ...
 
     def specs(self) -> list[ToolSpec]: ...
+
+
+def redact_args(
+    tools: ToolResolver | None, tool: str, version: str | None, args: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Redact a call's args by its tool's declaration; an unknown tool's args pass as they are
+    (it declared nothing secret)."""
+    spec = tools.resolve(tool, version) if tools is not None else None
+    return spec.redact(args) if spec is not None else dict(args)

@@ -6,13 +6,15 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 
 from runtime.agent import AgentSpec
-from runtime.errors import Code
 from server.api import problems
 from server.api.deps import Services
+from server.api.limits import BodyLimits
 from server.api.routes import approvals, runs, system
+from server.auth.authenticate import Authenticator
+from server.auth.bootstrap import ensure_local_keys
 from server.host import open_host
 from server.settings import Settings
 
@@ -30,7 +32,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with open_host(settings, agents, run_worker=run_worker) as host:
-            app.state.services = Services(settings, host.store, host.engine, host.bus)
+            if settings.bootstrap_local_keys:
+                await ensure_local_keys(host.store, settings.data_dir)
+            auth = Authenticator(settings, host.store)
+            app.state.services = Services(settings, host.store, host.engine, host.bus, auth)
             yield
 
     app = FastAPI(
@@ -41,18 +46,9 @@ def create_app(
     )
     problems.install(app)
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: object) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            return problems.problem_response(
-                Code.PAYLOAD_TOO_LARGE,
-                f"body over {settings.max_body_bytes} bytes",
-                instance=request.url.path,
-            )
-        response: Response = await call_next(request)  # type: ignore[operator]
-        return response
-
+    app.add_middleware(
+        BodyLimits, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth
+    )
     app.include_router(runs.router)
     app.include_router(approvals.router)
     app.include_router(system.router)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.budget import Maxima
@@ -27,6 +27,26 @@ class Settings(BaseSettings):
     extra_agents: list[str] = Field(default_factory=list)
     """Import paths ``module:function`` returning more AgentSpecs, e.g. from a plugin."""
     max_body_bytes: int = 256 * 1024
+    """Request bodies past this get 413, whether sent with Content-Length or chunked."""
+    max_json_depth: int = 32
+    """Request JSON nested deeper than this gets 422 before anything parses it."""
+    max_active_runs_per_tenant: int = 100
+    """Runs pending, planning or executing at once per tenant; past it POST /runs is 429.
+    Runs parked waiting for a human do not count: they hold no worker."""
+    max_streams_per_principal: int = 10
+    """Open SSE streams per caller and server process; past it 429."""
+    bootstrap_local_keys: bool = True
+    """With no API key in the store, create a local admin and approver key on start."""
+    jwt_hs256_secret: SecretStr | None = None
+    """Accept HS256 JWTs signed with this secret (local use)."""
+    jwt_public_key_file: Path | None = None
+    """Accept RS256 JWTs verified with this PEM public key."""
+    jwt_jwks_file: Path | None = None
+    """Accept RS256 JWTs verified with the keys of this JWKS file (by ``kid``)."""
+    jwt_issuer: str | None = None
+    """If set, a JWT's ``iss`` must equal it."""
+    jwt_audience: str | None = None
+    """If set, a JWT's ``aud`` must contain it."""
     max_steps: int = 50
     max_llm_calls: int = 100
     max_tool_calls: int = 200

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import weakref
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 
+from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.events import is_terminal_event
 from runtime.lifecycle import TERMINAL
@@ -43,3 +46,48 @@ async def event_stream(
                     await asyncio.wait_for(waiter.wait(), keepalive_s)
                 except TimeoutError:
                     yield b": keepalive\n\n"
+
+
+class StreamSlots:
+    """Open event streams per caller in this process, so one caller cannot hold them all."""
+
+    def __init__(self) -> None:
+        self.open: Counter[str] = Counter()
+
+    def acquire(self, holder: str, limit: int) -> Callable[[], None]:
+        """Take a slot or raise TOO_MANY_STREAMS; the returned release is idempotent."""
+        if self.open[holder] >= limit:
+            raise RuntimeProblem(
+                Code.TOO_MANY_STREAMS,
+                f"{limit} event streams are open for this caller; close one first",
+                retry_after=5,
+            )
+        self.open[holder] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.open[holder] -= 1
+                if self.open[holder] <= 0:
+                    del self.open[holder]
+
+        return release
+
+    def hold(
+        self, stream: AsyncIterator[bytes], release: Callable[[], None]
+    ) -> AsyncIterator[bytes]:
+        """The stream, giving its slot back when it ends or is dropped unstarted."""
+
+        async def held() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in stream:
+                    yield chunk
+            finally:
+                release()
+
+        wrapper = held()
+        # A response that never starts never runs the finally: collection releases it.
+        weakref.finalize(wrapper, release)
+        return wrapper

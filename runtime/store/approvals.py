@@ -39,9 +39,17 @@ class ApprovalQueries(StoreCore):
         return Approval.model_validate(_dec(row)) if row else None
 
     async def list_approvals(
-        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+        self,
+        *,
+        status: str | None = None,
+        run_id: str | None = None,
+        tenant_id: str | None = None,
+        limit: int = 100,
     ) -> list[Approval]:
         where, params = ["1 = 1"], []
+        if tenant_id:
+            where.append("run_id IN (SELECT run_id FROM runs WHERE tenant_id = ?)")
+            params.append(tenant_id)
         if status:
             where.append("status = ?")
             params.append(status)

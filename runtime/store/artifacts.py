@@ -34,6 +34,20 @@ class ArtifactQueries(StoreCore):
         self._notify(appended)
         return artifact
 
+    async def artifact_in_tenant(self, artifact_id: str, tenant_id: str) -> bool:
+        """Whether a run of the tenant wrote (or re-wrote) the artifact.
+
+        Artifacts are content-addressed across tenants, so the row's own run_id only
+        names the first writer; every writer's run log has the artifact's event.
+        """
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "SELECT 1 AS one FROM events e JOIN runs r ON r.run_id = e.run_id "
+                "WHERE e.dedupe_key = ? AND r.tenant_id = ? LIMIT 1",
+                (f"artifact:{artifact_id}", tenant_id),
+            )
+        return row is not None
+
     async def artifact_exists(self, artifact_id: str) -> bool:
         async with self.tx() as tx:
             row = await tx.fetchone(

@@ -19,6 +19,7 @@ from runtime.model import (
     Run,
     Step,
 )
+from runtime.store.api_keys import ApiKeyQueries
 from runtime.store.approvals import ApprovalQueries
 from runtime.store.artifacts import ArtifactQueries
 from runtime.store.core import (
@@ -63,16 +64,21 @@ _RUN_COLUMNS = (
 __all__ = ["LeaseLost", "Row", "RunStore", "Tx"]
 
 
-class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, StoreCore):
+class RunStore(
+    ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, ApiKeyQueries, StoreCore
+):
     """Runs, steps and events here; the ledger, approvals, artifacts and leases mixed in."""
 
     # -- runs -----------------------------------------------------------------
 
-    async def create_run(self, run: Run, request_hash: str) -> tuple[Run, bool]:
+    async def create_run(
+        self, run: Run, request_hash: str, *, max_active: int | None = None
+    ) -> tuple[Run, bool]:
         """Insert a run (and its first event), or return the one with the same idempotency key.
 
         Returns (run, created). A reused key with a different request hash raises
-        IDEMPOTENCY_CONFLICT.
+        IDEMPOTENCY_CONFLICT; a tenant with ``max_active`` runs pending, planning or
+        executing already gets TENANT_RUN_LIMIT (a replayed key still finds its run).
         """
         key = run.options.idempotency_key
         appended: list[tuple[str, int]] = []
@@ -80,6 +86,8 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
             existing = await self._run_for_key(tx, run, request_hash)
             if existing is not None:
                 return existing, False
+            if max_active is not None:
+                await self._check_active(tx, run.context.tenant_id, max_active)
             values = {
                 **run.model_dump(mode="json"),
                 "tenant_id": run.context.tenant_id,
@@ -111,6 +119,19 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
         self._notify(appended)
         return run, True
 
+    async def _check_active(self, tx: Tx, tenant_id: str, max_active: int) -> None:
+        await self._lock_key(tx, f"tenant-runs:{tenant_id}")
+        row = await tx.fetchone(
+            "SELECT COUNT(*) AS n FROM runs WHERE tenant_id = ? AND state IN (?, ?, ?)",
+            (tenant_id, State.PENDING.value, State.PLANNING.value, State.EXECUTING.value),
+        )
+        if row is not None and int(row["n"]) >= max_active:
+            raise RuntimeProblem(
+                Code.TENANT_RUN_LIMIT,
+                f"tenant has {max_active} active runs, the most it may have at once",
+                retry_after=5,
+            )
+
     async def _run_for_key(self, tx: Tx, run: Run, request_hash: str) -> Run | None:
         key = run.options.idempotency_key
         if key is None:
@@ -139,10 +160,14 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
         *,
         state: str | None = None,
         agent_id: str | None = None,
+        tenant_id: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> tuple[list[Run], str | None]:
         where, params = ["1 = 1"], []
+        if tenant_id:
+            where.append("tenant_id = ?")
+            params.append(tenant_id)
         if state:
             where.append("state = ?")
             params.append(state)

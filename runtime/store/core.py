@@ -150,6 +150,12 @@ class StoreCore(ABC):
         if row is None or int(row["lease_version"]) != lease_version:
             raise LeaseLost(f"lease {lease_version} on {run_id} is no longer held")
 
+    async def _lock_key(self, tx: Tx, key: str) -> None:  # noqa: B027
+        """Serialise transactions that check-then-insert on ``key``, until commit.
+
+        SQLite's BEGIN IMMEDIATE already serialises every writer; PostgreSQL overrides.
+        """
+
     async def _announce(self, tx: Tx, channel: str, payload: str) -> None:  # noqa: B027
         """Tell other processes, on commit (PostgreSQL NOTIFY); in-process only by default."""
 

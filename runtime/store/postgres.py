@@ -120,6 +120,10 @@ class PostgresRunStore(RunStore):
     async def _announce(self, tx: Tx, channel: str, payload: str) -> None:
         await tx.execute("SELECT pg_notify(?, ?)", (channel, payload))
 
+    async def _lock_key(self, tx: Tx, key: str) -> None:
+        # READ COMMITTED lets two transactions count the same rows; the lock orders them.
+        await tx.execute("SELECT pg_advisory_xact_lock(hashtext(?))", (key,))
+
     async def ping(self) -> None:
         async with self.pool.connection() as conn:
             await conn.execute("SELECT 1")

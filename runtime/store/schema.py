@@ -110,4 +110,22 @@ MIGRATIONS: list[list[str]] = [
         # A compensation is claimed before it runs, so two cancels cannot both run it.
         "ALTER TABLE tool_calls ADD COLUMN compensation_claimed INTEGER NOT NULL DEFAULT 0",
     ],
+    [
+        # Authentication (server.auth): API keys are stored as a hash of their secret.
+        """CREATE TABLE IF NOT EXISTS api_keys (
+            key_id TEXT PRIMARY KEY,
+            key_hash TEXT NOT NULL,
+            tenant_id TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            roles TEXT NOT NULL,
+            scopes TEXT NOT NULL,
+            label TEXT,
+            created_at TEXT NOT NULL,
+            revoked_at TEXT
+        )""",
+        # Tenant-scoped reads: the run list, the active-run limit, artifact access.
+        "CREATE INDEX IF NOT EXISTS runs_tenant ON runs (tenant_id, created_at, run_id)",
+        "CREATE INDEX IF NOT EXISTS runs_tenant_state ON runs (tenant_id, state)",
+        "CREATE INDEX IF NOT EXISTS events_dedupe_key ON events (dedupe_key)",
+    ],
 ]

@@ -1,18 +1,23 @@
-"""Typed dependencies for the routes."""
+"""Typed dependencies for the routes: services, the caller, and the caller's objects."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 
+from runtime.agent import AgentSpec
 from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.model import Run
 from runtime.store.base import RunStore
+from server.auth import Principal
+from server.auth.authenticate import Authenticator
+from server.auth.principal import ADMIN
 from server.settings import Settings
+from server.sse import StreamSlots
 
 
 @dataclass
@@ -21,6 +26,8 @@ class Services:
     store: RunStore
     engine: Engine
     bus: EventBus
+    auth: Authenticator
+    streams: StreamSlots = field(default_factory=StreamSlots)
 
 
 def get_services(request: Request) -> Services:
@@ -43,11 +50,31 @@ StoreDep = Annotated[RunStore, Depends(get_store)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
-async def get_run(run_id: str, store: StoreDep) -> Run:
+async def get_principal(
+    services: ServicesDep,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Principal:
+    return await services.auth.authenticate(authorization)
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+async def get_run(run_id: str, store: StoreDep, principal: PrincipalDep) -> Run:
     run = await store.get_run(run_id)
-    if run is None:
+    # Another tenant's run is as absent as a run that never was: a 403 would confirm it.
+    if run is None or run.context.tenant_id != principal.tenant_id:
         raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run_id}")
     return run
 
 
 RunDep = Annotated[Run, Depends(get_run)]
+
+
+def may_steer(principal: Principal, run: Run) -> bool:
+    """Whether the principal may cancel the run: its own user, or a tenant admin."""
+    return principal.user_id == run.context.user_id or principal.has_role(ADMIN)
+
+
+def agent_of(engine: Engine, run: Run) -> AgentSpec | None:
+    return engine.agents.get(run.agent_id)

@@ -41,8 +41,10 @@ class Problem(BaseModel):
 
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": Problem, "content": {PROBLEM_JSON: {}}}
-    for status in (400, 404, 409, 413, 422)
+    for status in (400, 401, 403, 404, 409, 413, 422, 429)
 }
+_HEADERS = {"retry_after": "Retry-After", "www_authenticate": "WWW-Authenticate"}
+"""Extras that a client needs as headers; Retry-After also stays in the body."""
 
 
 def problem_response(
@@ -62,8 +64,12 @@ def problem_response(
         code=code.value,
         instance=instance,
     ).model_dump(exclude_none=True)
-    body.update({k: v for k, v in (extra or {}).items() if v is not None})
-    return JSONResponse(body, status_code=status or info.http_status, media_type=PROBLEM_JSON)
+    extra = {k: v for k, v in (extra or {}).items() if v is not None}
+    headers = {_HEADERS[k]: str(v) for k, v in extra.items() if k in _HEADERS}
+    body.update({k: v for k, v in extra.items() if k != "www_authenticate"})
+    return JSONResponse(
+        body, status_code=status or info.http_status, media_type=PROBLEM_JSON, headers=headers
+    )
 
 
 def install(app: FastAPI) -> None:

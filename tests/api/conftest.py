@@ -15,6 +15,7 @@ from runtime.engine import Engine
 from server.api.deps import Services
 from server.app import create_app
 from server.settings import Settings
+from tests.auth import MGR, OPS, TEST_JWT_SECRET
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Api:
             "context",
             {"user_id": "u-ops-001", "tenant_id": "demo-retail", "scope": ["sales_region:east"]},
         )
+        # The client calls as u-ops-001 of demo-retail (OPS): the context names the caller.
         resp = await self.client.post("/runs", json=body)
         assert resp.status_code == 201, resp.text
         run: dict[str, Any] = resp.json()
@@ -67,7 +69,8 @@ class Api:
     async def decide(self, run_id: str, approval_id: str, decision: str) -> httpx.Response:
         return await self.client.post(
             f"/runs/{run_id}/approvals/{approval_id}",
-            json={"decision": decision, "decided_by": "u-mgr-002"},
+            json={"decision": decision},
+            headers=MGR,
         )
 
 
@@ -78,7 +81,11 @@ def states(events: list[dict[str, Any]]) -> list[str]:
 @pytest.fixture
 def settings(database_url: str, data_dir: Path) -> Settings:
     return Settings(
-        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
+        data_dir=data_dir,
+        database_url=database_url,
+        extra_agents=["tests.agents:build_agents"],
+        jwt_hs256_secret=TEST_JWT_SECRET,
+        bootstrap_local_keys=False,
     )
 
 
@@ -87,6 +94,8 @@ async def api(settings: Settings) -> AsyncIterator[Api]:
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://test", headers=OPS
+        ) as client:
             services = app.state.services
             yield Api(client, services.engine, settings, services)

@@ -58,7 +58,7 @@ async def test_1_normal_run_reaches_succeeded_and_the_stream_shows_it(api: Api) 
 async def test_1_english_question_other_region_needs_its_scope(api: Api) -> None:
     run = await api.create(
         input="Which SKUs drove last week's sales drop in the north region?",
-        context={"user_id": "u1", "tenant_id": "t1", "scope": ["sales_region:east"]},
+        context={"scope": ["sales_region:east"]},
     )
     final = await api.settle(run["run_id"])
     assert final["state"] == "failed"

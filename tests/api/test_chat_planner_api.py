@@ -20,6 +20,7 @@ from runtime.ids import tool_call_id
 from server.app import create_app
 from server.settings import Settings
 from tests.api.conftest import Api, states
+from tests.auth import OPS
 from tests.unit.test_chat_planner import SECRET, ScriptedChatModel, reply, tool_call
 from tools.retail import count_outbox
 
@@ -35,7 +36,9 @@ async def serve(settings: Settings, model: ScriptedChatModel) -> AsyncIterator[A
     app = create_app(settings, agents={AGENT_ID: agent})
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://test", headers=OPS
+        ) as client:
             services = app.state.services
             yield Api(client, services.engine, settings, services)
 

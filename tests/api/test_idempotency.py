@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from tests.api.conftest import Api
+from tests.auth import bearer
 
-BODY = {"agent_id": "typo_fixer", "input": "echo", "context": {"tenant_id": "t1"}}
+BODY = {"agent_id": "typo_fixer", "input": "echo"}
 
 
 async def test_same_key_same_body_returns_the_same_run(api: Api) -> None:
@@ -40,10 +41,11 @@ async def test_header_and_body_key_must_agree(api: Api) -> None:
 
 async def test_keys_are_scoped_per_tenant(api: Api) -> None:
     one = await api.client.post("/runs", json=BODY, headers={"Idempotency-Key": "k-3"})
-    other = {**BODY, "context": {"tenant_id": "t2"}}
-    two = await api.client.post("/runs", json=other, headers={"Idempotency-Key": "k-3"})
+    t2 = bearer(user="u-ops-001", tenant="t2")
+    two = await api.client.post("/runs", json=BODY, headers={**t2, "Idempotency-Key": "k-3"})
     assert one.status_code == two.status_code == 201
     assert one.json()["run_id"] != two.json()["run_id"]
+    assert two.json()["context"]["tenant_id"] == "t2"
 
 
 async def test_concurrent_retries_create_one_run(api: Api) -> None:

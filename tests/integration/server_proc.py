@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from tests.auth import OPS, TEST_JWT_SECRET
+
 ROOT = Path(__file__).resolve().parents[2]
 # The installed console script, as an operator runs it.
 _SCRIPT = Path(sys.executable).with_name("agent-runtime")
@@ -43,6 +45,8 @@ def base_env(data_dir: Path, database_url: str) -> dict[str, str]:
         "AGENT_RUNTIME_LOG_LEVEL": "warning",
         # A killed process's runs are taken over when its leases expire.
         "AGENT_RUNTIME_LEASE_SECONDS": "2",
+        "AGENT_RUNTIME_JWT_HS256_SECRET": TEST_JWT_SECRET,
+        "AGENT_RUNTIME_BOOTSTRAP_LOCAL_KEYS": "false",
         "PYTHONPATH": str(ROOT),
     }
 
@@ -125,15 +129,17 @@ class ServerProcess(_Process):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
             try:
-                if httpx.get(f"{self.base_url}/readyz", timeout=1).status_code == 200:
+                ready = httpx.get(f"{self.base_url}/readyz", headers=OPS, timeout=1)
+                if ready.status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)  # polling for a port to open, not waiting on behaviour
         raise TimeoutError(f"server did not start: {self.log_path.read_text()[-3000:]}")
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=30)
+    def client(self, headers: dict[str, str] = OPS) -> httpx.Client:
+        """A client that calls as ``headers`` say: the runs' own user (OPS) by default."""
+        return httpx.Client(base_url=self.base_url, timeout=30, headers=headers)
 
     def follow(
         self, run_id: str, until: Any, after: int = 0, timeout: float = 60
@@ -142,7 +148,7 @@ class ServerProcess(_Process):
         import json
 
         events: list[dict[str, Any]] = []
-        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
+        headers = {**OPS, "Accept": "text/event-stream", "Last-Event-ID": str(after)}
         with httpx.stream(
             "GET",
             f"{self.base_url}/runs/{run_id}/events",

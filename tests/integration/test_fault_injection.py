@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 
 from tests.agents import counter_lines
+from tests.auth import MGR
 from tests.integration.conftest import state_is
 from tests.integration.server_proc import ServerProcess
 from tools.retail import outbox_rows
 
-EAST = {"user_id": "u1", "tenant_id": "t1", "scope": ["sales_region:east"]}
+EAST = {"scope": ["sales_region:east"]}
 
 
 def crash_then_restart(server: ServerProcess) -> None:
@@ -35,7 +36,9 @@ def test_publish_happens_once_whatever_the_crash_point(
         run_id = http.post("/runs", json={"input": "east drop?", "context": EAST}).json()["run_id"]
         server.follow(run_id, state_is("waiting_human"))
         approval_id = http.get(f"/runs/{run_id}").json()["pending_approval"]["approval_id"]
-        http.post(f"/runs/{run_id}/approvals/{approval_id}", json={"decision": "approve"})
+        http.post(
+            f"/runs/{run_id}/approvals/{approval_id}", json={"decision": "approve"}, headers=MGR
+        )
     crash_then_restart(server)
     with server.client() as http:
         server.follow(run_id, state_is("succeeded", "failed"))
@@ -76,7 +79,8 @@ def test_unknown_outcome_of_a_non_idempotent_call_goes_to_a_human(
         # The human looked: "before" never ran (run it), "after" did (do not).
         http.post(
             f"/runs/{run_id}/approvals/{pending['approval_id']}",
-            json={"decision": decision, "decided_by": "ops"},
+            json={"decision": decision},
+            headers=MGR,
         )
         server.follow(run_id, state_is("succeeded", "failed"))
         final = http.get(f"/runs/{run_id}").json()

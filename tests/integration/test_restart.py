@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from tests.agents import counter_lines
+from tests.auth import MGR
 from tests.integration.conftest import state_is
 from tests.integration.server_proc import ServerProcess, wait_for_file
 
-EAST = {"user_id": "u-ops-001", "tenant_id": "demo-retail", "scope": ["sales_region:east"]}
+EAST = {"scope": ["sales_region:east"]}
 
 
 def test_waiting_human_survives_sigkill_and_resumes_on_approval(server: ServerProcess) -> None:
@@ -32,7 +33,8 @@ def test_waiting_human_survives_sigkill_and_resumes_on_approval(server: ServerPr
         ).json()[-1]["seq"]
         resp = http.post(
             f"/runs/{run_id}/approvals/{approval_id}",
-            json={"decision": "approve", "decided_by": "u-mgr-002"},
+            json={"decision": "approve"},
+            headers=MGR,
         )
         assert resp.status_code == 202, resp.text
         tail = server.follow(run_id, state_is("succeeded", "failed"), after=last_seq)

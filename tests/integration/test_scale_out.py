@@ -27,6 +27,7 @@ from runtime.model import RunCreate
 from server.agents import load_agents
 from server.settings import Settings
 from tests.agents import counter_lines
+from tests.auth import MGR, OPS
 from tests.integration.conftest import Processes, state_is
 from tests.integration.more_agents import EXTRA_AGENTS
 from tests.integration.server_proc import (
@@ -37,7 +38,7 @@ from tests.integration.server_proc import (
 from tests.integration.tcp_proxy import TcpProxy
 from tools.retail import count_outbox, outbox_rows
 
-EAST = {"user_id": "u-ops-001", "tenant_id": "demo-retail", "scope": ["sales_region:east"]}
+EAST = {"scope": ["sales_region:east"]}
 QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
 SEED = 20240522
 # Shutting down a worker at the end of a test should not wait out a 30 s sleep.
@@ -228,7 +229,8 @@ def test_fifty_retail_runs_survive_random_worker_sigkills(
                 for run_id in batch:
                     resp = http.post(
                         f"/runs/{run_id}/approvals/{approvals[run_id]}",
-                        json={"decision": "approve", "decided_by": "u-mgr-002"},
+                        json={"decision": "approve"},
+                        headers=MGR,
                     )
                     assert resp.status_code == 202, resp.text
                 kill_one_at_random()
@@ -341,7 +343,11 @@ class StreamReader(threading.Thread):
             with httpx.stream(
                 "GET",
                 self.url,
-                headers={"Accept": "text/event-stream", "Last-Event-ID": str(self.last_event_id)},
+                headers={
+                    **OPS,
+                    "Accept": "text/event-stream",
+                    "Last-Event-ID": str(self.last_event_id),
+                },
                 timeout=httpx.Timeout(60),
             ) as resp:
                 resp.raise_for_status()
@@ -390,7 +396,8 @@ def test_approve_on_one_server_stream_on_the_other(
         started = time.monotonic()
         resp = http_a.post(
             f"/runs/{run_id}/approvals/{approval_id}",
-            json={"decision": "approve", "decided_by": "u-mgr-002"},
+            json={"decision": "approve"},
+            headers=MGR,
         )
         assert resp.status_code == 202, resp.text
         reader.join(30)
@@ -510,7 +517,8 @@ def test_hundred_concurrent_identical_approvals_resume_once(
                 await go.wait()
                 resp = await client.post(
                     f"/runs/{run_id}/approvals/{approval_id}",
-                    json={"decision": "approve", "decided_by": "u-mgr-002", "comment": "ok"},
+                    json={"decision": "approve", "comment": "ok"},
+                    headers=MGR,
                 )
                 assert resp.status_code in (200, 202), resp.text
                 assert resp.json()["status"] == "approved"
@@ -758,6 +766,7 @@ def test_crash_after_task_writes_before_checkpoint_resumes(
         resp = http.post(
             f"/runs/{run_id}/approvals/{run['pending_approval']['approval_id']}",
             json={"decision": "approve"},
+            headers=MGR,
         )
         assert resp.status_code == 202
         server.follow(run_id, state_is("succeeded", "failed"), timeout=30)

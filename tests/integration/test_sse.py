@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 
+from tests.auth import MGR, OPS
 from tests.integration.conftest import state_is
 from tests.integration.server_proc import ServerProcess
 
@@ -13,7 +14,7 @@ def raw_stream(server: ServerProcess, run_id: str, **headers: str) -> list[tuple
     out: list[tuple[int, str]] = []
     current_id = None
     with httpx.stream(
-        "GET", f"{server.base_url}/runs/{run_id}/events", headers=headers, timeout=60
+        "GET", f"{server.base_url}/runs/{run_id}/events", headers={**OPS, **headers}, timeout=60
     ) as resp:
         assert resp.headers["content-type"].startswith("text/event-stream")
         for line in resp.iter_lines():
@@ -37,7 +38,8 @@ def test_stream_ids_replay_and_close(server: ServerProcess) -> None:
     # The stream closed by itself after the terminal state event (raw_stream returned).
     resumed = raw_stream(server, run_id, **{"Last-Event-ID": "5"})
     assert resumed == everything[5:]
-    with httpx.stream("GET", f"{server.base_url}/runs/{run_id}/events?after=7", timeout=30) as r:
+    url = f"{server.base_url}/runs/{run_id}/events?after=7"
+    with httpx.stream("GET", url, headers=OPS, timeout=30) as r:
         ids = [int(line[4:]) for line in r.iter_lines() if line.startswith("id: ")]
     assert ids == [i for i, _ in everything[7:]]
     assert raw_stream(server, run_id, **{"Last-Event-ID": str(len(everything))}) == []
@@ -56,7 +58,9 @@ def test_live_stream_across_an_approval(server: ServerProcess) -> None:
         head = server.follow(run_id, state_is("waiting_human"))
         approval_id = head[-2]["data"]["approval_id"]
         assert head[-2]["type"] == "approval_request"
-        resp = http.post(f"/runs/{run_id}/approvals/{approval_id}", json={"decision": "approve"})
+        resp = http.post(
+            f"/runs/{run_id}/approvals/{approval_id}", json={"decision": "approve"}, headers=MGR
+        )
         assert resp.status_code == 202
         tail = server.follow(run_id, state_is("succeeded", "failed"), after=head[-1]["seq"])
     assert [e["seq"] for e in head + tail] == list(range(1, len(head) + len(tail) + 1))

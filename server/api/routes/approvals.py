@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from runtime.model import Approval, ApprovalStatus, Strict
-from server.api.deps import EngineDep, RunDep, StoreDep
+from runtime.engine import Engine
+from runtime.errors import Code, RuntimeProblem
+from runtime.model import Approval, ApprovalStatus, Run, Strict
+from server.api.deps import EngineDep, PrincipalDep, RunDep, StoreDep, agent_of
 from server.api.problems import PROBLEM_RESPONSES
+from server.auth.principal import APPROVER
 
 router = APIRouter(tags=["approvals"], responses=PROBLEM_RESPONSES)
 
@@ -18,17 +21,21 @@ router = APIRouter(tags=["approvals"], responses=PROBLEM_RESPONSES)
 class DecisionRequest(Strict):
     decision: Literal["approve", "reject"]
     comment: str | None = Field(default=None, max_length=2000)
-    decided_by: str = Field(default="anonymous", min_length=1, max_length=200)
+    decided_by: str | None = Field(default=None, min_length=1, max_length=200)
+    """Optional; when given it must be the caller: the decider is who authenticated."""
 
 
 @router.get("/approvals", response_model=list[Approval])
 async def list_approvals(
     store: StoreDep,
+    principal: PrincipalDep,
     state: ApprovalStatus | None = "pending",
     run_id: Annotated[str | None, Query(max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[Approval]:
-    return await store.list_approvals(status=state, run_id=run_id, limit=limit)
+    return await store.list_approvals(
+        status=state, run_id=run_id, tenant_id=principal.tenant_id, limit=limit
+    )
 
 
 @router.post(
@@ -37,9 +44,33 @@ async def list_approvals(
     responses={202: {"model": Approval, "description": "decided now; the run resumes"}},
 )
 async def decide(
-    run: RunDep, approval_id: str, body: DecisionRequest, engine: EngineDep
+    run: RunDep,
+    approval_id: Annotated[str, Path(max_length=200)],
+    body: DecisionRequest,
+    engine: EngineDep,
+    store: StoreDep,
+    principal: PrincipalDep,
 ) -> JSONResponse:
+    approval = await store.get_approval(approval_id)
+    if approval is None or approval.run_id != run.run_id:
+        raise RuntimeProblem(Code.APPROVAL_NOT_FOUND, f"no approval {approval_id} on {run.run_id}")
+    if body.decided_by is not None and body.decided_by != principal.user_id:
+        raise RuntimeProblem(Code.PRINCIPAL_MISMATCH, "decided_by must be the caller")
+    if not principal.has_role(APPROVER):
+        raise RuntimeProblem(Code.ROLE_REQUIRED, "deciding an approval needs the approver role")
+    if principal.user_id == run.context.user_id and four_eyes(engine, run, approval.tool):
+        raise RuntimeProblem(
+            Code.FOUR_EYES, "the user who started the run cannot approve its own action"
+        )
     approval, won = await engine.decide(
-        run.run_id, approval_id, body.decision, decided_by=body.decided_by, comment=body.comment
+        run.run_id, approval_id, body.decision, decided_by=principal.user_id, comment=body.comment
     )
     return JSONResponse(approval.model_dump(mode="json"), status_code=202 if won else 200)
+
+
+def four_eyes(engine: Engine, run: Run, tool_ref: str) -> bool:
+    """Whether the tool forbids self-approval; an unknown tool is treated as if it did."""
+    agent = agent_of(engine, run)
+    name, _, version = tool_ref.partition("@")
+    spec = agent.tools.resolve(name, version or None) if agent is not None else None
+    return spec is None or spec.four_eyes

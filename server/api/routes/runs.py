@@ -11,9 +11,29 @@ from pydantic import BaseModel, Field
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.lifecycle import TERMINAL, State
-from runtime.model import Approval, Event, Page, Run, RunCreate, Step, Strict, ToolCall
-from server.api.deps import EngineDep, RunDep, ServicesDep, StoreDep
+from runtime.model import (
+    Approval,
+    Event,
+    Page,
+    Run,
+    RunContext,
+    RunCreate,
+    Step,
+    Strict,
+    ToolCall,
+)
+from server.api.deps import (
+    EngineDep,
+    PrincipalDep,
+    RunDep,
+    ServicesDep,
+    StoreDep,
+    agent_of,
+    may_steer,
+)
 from server.api.problems import PROBLEM_RESPONSES
+from server.api.redaction import redact_steps, redact_tool_calls
+from server.auth import Principal
 from server.sse import event_stream
 
 MAX_SEQ = 10**15
@@ -47,15 +67,20 @@ async def create_run(
     body: RunCreate,
     request: Request,
     engine: EngineDep,
+    services: ServicesDep,
+    principal: PrincipalDep,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Any:
+    body.context = context_for(body, principal)
     if idempotency_key is not None:
         if body.options.idempotency_key not in (None, idempotency_key):
             raise RuntimeProblem(
                 Code.VALIDATION_ERROR, "Idempotency-Key header and options.idempotency_key differ"
             )
         body.options.idempotency_key = idempotency_key
-    run, created = await engine.create_run(body)
+    run, created = await engine.create_run(
+        body, max_active=services.settings.max_active_runs_per_tenant
+    )
     location = str(request.url_for("get_run", run_id=run.run_id).path)
     return JSONResponse(
         run.model_dump(mode="json"),
@@ -64,16 +89,43 @@ async def create_run(
     )
 
 
+def context_for(body: RunCreate, principal: Principal) -> RunContext:
+    """The run's context: who it is for comes from the caller, never from the body."""
+    given = body.context.model_fields_set
+    for name, own in (("tenant_id", principal.tenant_id), ("user_id", principal.user_id)):
+        if name in given and getattr(body.context, name) != own:
+            raise RuntimeProblem(
+                Code.PRINCIPAL_MISMATCH, f"context.{name} must be the caller's own ({own!r})"
+            )
+    if "scope" in given:
+        missing = [s for s in body.context.scope if not principal.grants(s)]
+        if missing:
+            raise RuntimeProblem(
+                Code.SCOPE_NOT_GRANTED, f"the caller does not hold scope {', '.join(missing)}"
+            )
+        scope = body.context.scope
+    else:
+        scope = principal.default_scope
+    return body.context.model_copy(
+        update={"tenant_id": principal.tenant_id, "user_id": principal.user_id, "scope": scope}
+    )
+
+
 @router.get("/runs", response_model=Page[Run])
 async def list_runs(
     store: StoreDep,
+    principal: PrincipalDep,
     state: State | None = None,
     agent_id: Annotated[str | None, Query(max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
 ) -> Page[Run]:
     runs, next_cursor = await store.list_runs(
-        state=state.value if state else None, agent_id=agent_id, limit=limit, cursor=cursor
+        state=state.value if state else None,
+        agent_id=agent_id,
+        tenant_id=principal.tenant_id,
+        limit=limit,
+        cursor=cursor,
     )
     return Page[Run](items=runs, next_cursor=next_cursor)
 
@@ -91,6 +143,7 @@ async def get_run(run: RunDep) -> Run:
 async def run_events(
     run: RunDep,
     services: ServicesDep,
+    principal: PrincipalDep,
     request: Request,
     after: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
     last_event_id: Annotated[str | None, Header(max_length=20)] = None,
@@ -105,32 +158,36 @@ async def run_events(
     ):
         events = await services.store.list_events(run.run_id, start, limit=100_000)
         return JSONResponse([e.model_dump(mode="json") for e in events])
+    release = services.streams.acquire(
+        f"{principal.tenant_id}/{principal.user_id}", services.settings.max_streams_per_principal
+    )
     stream = event_stream(
         services.store, services.bus, run.run_id, start, services.settings.sse_keepalive_s
     )
     return StreamingResponse(
-        stream,
+        services.streams.hold(stream, release),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
 @router.get("/runs/{run_id}/steps", response_model=list[Step])
-async def run_steps(run: RunDep, store: StoreDep) -> list[Step]:
-    return await store.list_steps(run.run_id)
+async def run_steps(run: RunDep, store: StoreDep, engine: EngineDep) -> list[Step]:
+    return redact_steps(agent_of(engine, run), await store.list_steps(run.run_id))
 
 
 @router.get("/runs/{run_id}/tool-calls", response_model=list[ToolCall])
-async def run_tool_calls(run: RunDep, store: StoreDep) -> list[ToolCall]:
-    return await store.list_tool_calls(run.run_id)
+async def run_tool_calls(run: RunDep, store: StoreDep, engine: EngineDep) -> list[ToolCall]:
+    return redact_tool_calls(agent_of(engine, run), await store.list_tool_calls(run.run_id))
 
 
 @router.get("/runs/{run_id}/trace", response_model=Trace)
-async def run_trace(run: RunDep, store: StoreDep) -> Trace:
+async def run_trace(run: RunDep, store: StoreDep, engine: EngineDep) -> Trace:
+    agent = agent_of(engine, run)
     return Trace(
         run=run,
-        steps=await store.list_steps(run.run_id),
-        tool_calls=await store.list_tool_calls(run.run_id),
+        steps=redact_steps(agent, await store.list_steps(run.run_id)),
+        tool_calls=redact_tool_calls(agent, await store.list_tool_calls(run.run_id)),
         approvals=await store.list_approvals(run_id=run.run_id, limit=10_000),
         events=await store.list_events(run.run_id, 0, limit=100_000),
     )
@@ -147,8 +204,12 @@ async def run_checkpoint(run: RunDep, engine: EngineDep) -> dict[str, Any]:
     responses={202: {"model": Run, "description": "cancel recorded; the run is still stopping"}},
 )
 async def cancel_run(
-    run: RunDep, engine: EngineDep, body: CancelRequest | None = None
+    run: RunDep, engine: EngineDep, principal: PrincipalDep, body: CancelRequest | None = None
 ) -> JSONResponse:
+    if not may_steer(principal, run):
+        raise RuntimeProblem(
+            Code.ROLE_REQUIRED, "only the run's own user or a tenant admin may cancel it"
+        )
     body = body or CancelRequest()
     after = await engine.cancel(run.run_id, body.reason, compensate=body.compensate)
     done = after.state in TERMINAL

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Response
 
 from runtime.errors import Code, RuntimeProblem
-from server.api.deps import EngineDep, StoreDep
+from server.api.deps import EngineDep, PrincipalDep, StoreDep, get_principal
 from server.api.problems import PROBLEM_RESPONSES
 
 router = APIRouter(responses=PROBLEM_RESPONSES)
@@ -15,7 +15,7 @@ router = APIRouter(responses=PROBLEM_RESPONSES)
 SAFE_INLINE = {"text/plain", "text/markdown", "application/json", "text/csv"}
 
 
-@router.get("/agents", tags=["agents"])
+@router.get("/agents", tags=["agents"], dependencies=[Depends(get_principal)])
 async def list_agents(engine: EngineDep) -> list[dict[str, Any]]:
     return [
         {
@@ -33,9 +33,10 @@ async def list_agents(engine: EngineDep) -> list[dict[str, Any]]:
     tags=["artifacts"],
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
-async def get_artifact(artifact_id: str, store: StoreDep) -> Response:
+async def get_artifact(artifact_id: str, store: StoreDep, principal: PrincipalDep) -> Response:
     found = await store.get_artifact(artifact_id)
-    if found is None:
+    # Another tenant's artifact is as absent as one that never was.
+    if found is None or not await store.artifact_in_tenant(artifact_id, principal.tenant_id):
         raise RuntimeProblem(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id}")
     artifact, content = found
     disposition = "inline" if artifact.media_type in SAFE_INLINE else "attachment"
@@ -56,7 +57,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["health"])
+@router.get("/readyz", tags=["health"], dependencies=[Depends(get_principal)])
 async def readyz(store: StoreDep) -> dict[str, str]:
     try:
         await store.ping()

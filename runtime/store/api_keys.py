@@ -1,0 +1,86 @@
+"""API keys: who a bearer key belongs to. Only a hash of each key's secret is kept."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from runtime.store.core import Row, StoreCore, _enc, _ts
+
+
+@dataclass(frozen=True)
+class ApiKeyRow:
+    key_id: str
+    key_hash: str
+    tenant_id: str
+    user_id: str
+    roles: list[str]
+    scopes: list[str]
+    label: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class ApiKeyQueries(StoreCore):
+    """API key rows."""
+
+    async def create_api_key(
+        self,
+        *,
+        key_id: str,
+        key_hash: str,
+        tenant_id: str,
+        user_id: str,
+        roles: list[str],
+        scopes: list[str],
+        label: str | None = None,
+    ) -> None:
+        async with self.tx() as tx:
+            await tx.execute(
+                "INSERT INTO api_keys (key_id, key_hash, tenant_id, user_id, roles, scopes, "
+                "label, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (key_id, key_hash, tenant_id, user_id, _enc(roles), _enc(scopes), label, _ts()),
+            )
+
+    async def get_api_key(self, key_id: str) -> ApiKeyRow | None:
+        async with self.tx() as tx:
+            row = await tx.fetchone("SELECT * FROM api_keys WHERE key_id = ?", (key_id,))
+        return _key(row) if row else None
+
+    async def list_api_keys(self, tenant_id: str | None = None) -> list[ApiKeyRow]:
+        where, params = ("WHERE tenant_id = ?", (tenant_id,)) if tenant_id else ("", ())
+        async with self.tx() as tx:
+            rows = await tx.fetchall(
+                f"SELECT * FROM api_keys {where} ORDER BY created_at, key_id", params
+            )
+        return [_key(r) for r in rows]
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL "
+                "RETURNING key_id",
+                (_ts(), key_id),
+            )
+        return row is not None
+
+    async def has_api_keys(self) -> bool:
+        async with self.tx() as tx:
+            row = await tx.fetchone("SELECT 1 AS one FROM api_keys LIMIT 1")
+        return row is not None
+
+
+def _key(row: Row) -> ApiKeyRow:
+    revoked = row["revoked_at"]
+    return ApiKeyRow(
+        key_id=str(row["key_id"]),
+        key_hash=str(row["key_hash"]),
+        tenant_id=str(row["tenant_id"]),
+        user_id=str(row["user_id"]),
+        roles=[str(r) for r in json.loads(row["roles"])],
+        scopes=[str(s) for s in json.loads(row["scopes"])],
+        label=row["label"],
+        created_at=datetime.fromisoformat(str(row["created_at"])),
+        revoked_at=datetime.fromisoformat(str(revoked)) if revoked else None,
+    )

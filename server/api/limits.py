@@ -1,0 +1,96 @@
+"""Request bodies are read whole, bounded, before any route sees them.
+
+Content-Length alone is no limit: a chunked body has none. And JSON nested a few
+thousand levels deep would blow the parser's (or a validator's) recursion before
+any schema is checked, so depth is counted on the raw bytes first.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from runtime.errors import Code
+from server.api.problems import problem_response
+
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+
+
+def json_depth_over(body: bytes, limit: int) -> bool:
+    """Whether the JSON text nests arrays/objects deeper than ``limit`` (strings skipped)."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False  # cannot be that deep: skip the scan
+    depth = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+class BodyLimits:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, max_depth: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.max_depth = max_depth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in _WITH_BODY:
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path")
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            await self._too_large(scope, receive, send, path)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(scope, receive, send, path)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if json_depth_over(body, self.max_depth):
+            response = problem_response(
+                Code.JSON_TOO_DEEP, f"JSON nests deeper than {self.max_depth}", instance=path
+            )
+            await response(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for the disconnect
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(
+        self, scope: Scope, receive: Receive, send: Send, path: str | None
+    ) -> None:
+        response = problem_response(
+            Code.PAYLOAD_TOO_LARGE, f"body over {self.max_bytes} bytes", instance=path
+        )
+        await response(scope, receive, send)

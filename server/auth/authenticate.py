@@ -1,0 +1,39 @@
+"""The bearer token of a request → its principal, or 401."""
+
+from __future__ import annotations
+
+from runtime.errors import Code, RuntimeProblem
+from runtime.store.base import RunStore
+from server.auth.jwt_tokens import JwtError, JwtVerifier
+from server.auth.keys import PREFIX, principal_for_key
+from server.auth.principal import Principal
+from server.settings import Settings
+
+
+class Authenticator:
+    def __init__(self, settings: Settings, store: RunStore) -> None:
+        self.store = store
+        self.jwt = JwtVerifier(settings)
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        if not authorization:
+            raise unauthenticated("this endpoint needs a bearer token")
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise unauthenticated("use 'Authorization: Bearer <token>'")
+        if token.startswith(PREFIX):
+            principal = await principal_for_key(self.store, token)
+            if principal is None:
+                raise unauthenticated("unknown or revoked API key")
+            return principal
+        if not self.jwt.enabled:
+            raise unauthenticated("not an API key, and this server accepts no JWTs")
+        try:
+            return self.jwt.verify(token)
+        except JwtError as exc:
+            raise unauthenticated(f"invalid token: {exc}") from exc
+
+
+def unauthenticated(detail: str) -> RuntimeProblem:
+    return RuntimeProblem(Code.UNAUTHENTICATED, detail, www_authenticate="Bearer")

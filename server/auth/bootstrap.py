@@ -1,0 +1,80 @@
+"""The embedded default's first start: two local keys, so `make run` needs no setup.
+
+An ``admin`` key to start and watch runs and an ``approver`` key to decide them: two
+people, because by default nobody approves the high-risk actions of their own run.
+The tokens go to ``<data_dir>/local-keys.json`` (mode 0600), which the CLI reads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from runtime.store.base import RunStore
+from server.auth.keys import create_key
+from server.auth.principal import ADMIN, ANY_SCOPE, APPROVER
+
+log = logging.getLogger(__name__)
+LOCAL_TENANT = "local"
+LOCAL_KEYS_FILE = "local-keys.json"
+
+
+def local_keys_path(data_dir: Path) -> Path:
+    return data_dir / LOCAL_KEYS_FILE
+
+
+def read_local_keys(data_dir: Path) -> dict[str, str]:
+    """The tokens the embedded default created (name → token), or none."""
+    try:
+        data = json.loads(local_keys_path(data_dir).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v["token"]) for k, v in data.items() if isinstance(v, dict)}
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+async def ensure_local_keys(store: RunStore, data_dir: Path) -> Path | None:
+    """Create the two local keys if the store has no key at all; return the file's path."""
+    path = local_keys_path(data_dir)
+    if await store.has_api_keys():
+        return path if path.exists() else None
+    admin = await create_key(
+        store,
+        tenant_id=LOCAL_TENANT,
+        user_id="admin",
+        roles=[ADMIN],
+        scopes=[ANY_SCOPE],
+        label="local admin (created on first start)",
+    )
+    approver = await create_key(
+        store,
+        tenant_id=LOCAL_TENANT,
+        user_id="approver",
+        roles=[APPROVER],
+        label="local approver (created on first start)",
+    )
+    data = {
+        "admin": {"token": admin.token, "tenant_id": LOCAL_TENANT, "user_id": "admin"},
+        "approver": {"token": approver.token, "tenant_id": LOCAL_TENANT, "user_id": "approver"},
+    }
+    _write_private(path, json.dumps(data, indent=2))
+    log.warning(
+        "\n  No API key existed: created two local keys (tenant %r), saved in %s\n"
+        "    admin:    %s\n    approver: %s\n"
+        "  Send one as 'Authorization: Bearer <key>'. The CLI reads that file by itself.\n"
+        "  Set AGENT_RUNTIME_BOOTSTRAP_LOCAL_KEYS=false where keys come from "
+        "'agent-runtime keys create'.",
+        LOCAL_TENANT,
+        path,
+        admin.token,
+        approver.token,
+    )
+    return path

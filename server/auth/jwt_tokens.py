@@ -1,0 +1,86 @@
+"""JWT bearer tokens (PyJWT): HS256 with a shared secret for local use, RS256 with a
+public key or a JWKS file for production.
+
+Claims: ``sub`` is the user, ``tenant_id`` (or ``tid``) the tenant, ``roles`` a list,
+``scope`` a space-separated string (or ``scopes`` a list). ``exp`` is required.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jwt
+
+from server.auth.principal import Principal
+from server.settings import Settings
+
+
+class JwtError(Exception):
+    """The token is not a valid JWT for this server; the message says why."""
+
+
+class JwtVerifier:
+    def __init__(self, settings: Settings) -> None:
+        self.issuer = settings.jwt_issuer
+        self.audience = settings.jwt_audience
+        self._hs_secret = (
+            settings.jwt_hs256_secret.get_secret_value() if settings.jwt_hs256_secret else None
+        )
+        self._rs_key: Any = None
+        if settings.jwt_public_key_file is not None:
+            self._rs_key = settings.jwt_public_key_file.read_text()
+        self._jwks: jwt.PyJWKSet | None = None
+        if settings.jwt_jwks_file is not None:
+            self._jwks = jwt.PyJWKSet.from_dict(json.loads(settings.jwt_jwks_file.read_text()))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._hs_secret or self._rs_key or self._jwks)
+
+    def _key_for(self, token: str) -> tuple[Any, str]:
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as exc:
+            raise JwtError(f"malformed token: {exc}") from exc
+        alg = header.get("alg")
+        if alg == "HS256" and self._hs_secret:
+            return self._hs_secret, alg
+        if alg == "RS256" and self._jwks is not None:
+            kid = header.get("kid")
+            for key in self._jwks.keys:
+                if kid is None or key.key_id == kid:
+                    return key.key, alg
+            raise JwtError(f"no key {kid} in the JWKS")
+        if alg == "RS256" and self._rs_key is not None:
+            return self._rs_key, alg
+        # Never let the token pick an algorithm this server was not configured for.
+        raise JwtError(f"algorithm {alg!r} is not accepted")
+
+    def verify(self, token: str) -> Principal:
+        key, alg = self._key_for(token)
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                key,
+                algorithms=[alg],
+                issuer=self.issuer,
+                audience=self.audience,
+                options={"require": ["exp", "sub"], "verify_aud": self.audience is not None},
+            )
+        except jwt.PyJWTError as exc:
+            raise JwtError(str(exc)) from exc
+        tenant = claims.get("tenant_id") or claims.get("tid")
+        if not isinstance(tenant, str) or not tenant:
+            raise JwtError("token has no tenant_id claim")
+        roles = claims.get("roles") or []
+        scopes = claims.get("scopes") or str(claims.get("scope") or "").split()
+        if not isinstance(roles, list) or not isinstance(scopes, list):
+            raise JwtError("roles and scopes must be lists")
+        return Principal(
+            user_id=str(claims["sub"]),
+            tenant_id=tenant,
+            roles=frozenset(map(str, roles)),
+            scopes=frozenset(map(str, scopes)),
+            via=f"jwt:{claims.get('iss') or alg}",
+        )

@@ -1,0 +1,78 @@
+"""API keys: ``ark_<key_id>_<secret>``; the store keeps the key's row and a hash of the secret.
+
+The secret is 32 random bytes, so a plain SHA-256 is enough: there is nothing for
+a slow hash to protect against that 256 bits of entropy does not already.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+
+from runtime.store.base import RunStore
+from server.auth.principal import ROLES, Principal
+
+PREFIX = "ark_"
+_TOKEN = re.compile(r"ark_([a-z0-9]{12})_([A-Za-z0-9_-]{43})")
+
+
+@dataclass(frozen=True)
+class NewKey:
+    key_id: str
+    token: str
+    """The whole bearer token; shown once, never stored."""
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+async def create_key(
+    store: RunStore,
+    *,
+    tenant_id: str,
+    user_id: str,
+    roles: list[str] | None = None,
+    scopes: list[str] | None = None,
+    label: str | None = None,
+) -> NewKey:
+    unknown = set(roles or ()) - ROLES
+    if unknown:
+        raise ValueError(f"unknown role(s): {', '.join(sorted(unknown))}")
+    if not tenant_id or not user_id:
+        raise ValueError("a key needs a tenant and a user")
+    key_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)
+    await store.create_api_key(
+        key_id=key_id,
+        key_hash=hash_secret(secret),
+        tenant_id=tenant_id,
+        user_id=user_id,
+        roles=sorted(set(roles or ())),
+        scopes=sorted(set(scopes or ())),
+        label=label,
+    )
+    return NewKey(key_id, f"{PREFIX}{key_id}_{secret}")
+
+
+async def principal_for_key(store: RunStore, token: str) -> Principal | None:
+    """The principal of a live key, or None for a malformed, unknown or revoked one."""
+    match = _TOKEN.fullmatch(token)
+    if match is None:
+        return None
+    key_id, secret = match.groups()
+    row = await store.get_api_key(key_id)
+    if row is None or row.revoked_at is not None:
+        return None
+    if not hmac.compare_digest(row.key_hash, hash_secret(secret)):
+        return None
+    return Principal(
+        user_id=row.user_id,
+        tenant_id=row.tenant_id,
+        roles=frozenset(row.roles),
+        scopes=frozenset(row.scopes),
+        via=f"key:{key_id}",
+    )

@@ -1,0 +1,35 @@
+"""The caller of an API request, as authentication established it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+APPROVER: Final = "approver"
+"""May decide the approvals of runs in the principal's tenant."""
+ADMIN: Final = "admin"
+"""May cancel any run of the tenant, not only the principal's own."""
+ROLES: Final = frozenset({APPROVER, ADMIN})
+ANY_SCOPE: Final = "*"
+"""A scope grant that lets the principal ask for any scope in a run's context."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    user_id: str
+    tenant_id: str
+    roles: frozenset[str]
+    scopes: frozenset[str]
+    via: str
+    """How the caller proved it: ``key:<key_id>`` or ``jwt:<issuer>``; kept in the audit."""
+
+    def has_role(self, role: str) -> bool:
+        return role in self.roles
+
+    def grants(self, scope: str) -> bool:
+        return ANY_SCOPE in self.scopes or scope in self.scopes
+
+    @property
+    def default_scope(self) -> list[str]:
+        """The run scope when a request names none: every scope granted by name."""
+        return sorted(s for s in self.scopes if s != ANY_SCOPE)
