@@ -3,8 +3,16 @@
 Server side: ``serve`` (HTTP, with a worker unless --no-worker) and ``worker`` (no
 HTTP). Any number of each may share one PostgreSQL database.
 
+Keys, straight in the database (``$AGENT_RUNTIME_DATABASE_URL``): the key is printed
+once, only its hash is kept:
+
+    agent-runtime keys create --tenant T --user U [--role approver|admin]… [--scope S]…
+    agent-runtime keys list [--tenant T]
+    agent-runtime keys revoke KEY_ID
+
 Client side, against a running server (``--url``, default ``$AGENT_RUNTIME_URL`` or
-http://127.0.0.1:8000):
+http://127.0.0.1:8000), as ``--token`` (default ``$AGENT_RUNTIME_TOKEN``, else the
+embedded default's local keys in ``$AGENT_RUNTIME_DATA_DIR/local-keys.json``):
 
     agent-runtime run "<input>" [--agent A] [--context-json '{…}'] [--scope S]…
                       [--idempotency-key K] [--max-steps N] [--follow] [--json]
@@ -37,28 +45,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import logging
-import os
 import signal
 import sys
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from server.client import TERMINAL, WAITING_HUMAN
+from server.cli_client import DEFAULT_URL, TOKEN_ENV, URL_ENV, client_command
 
 if TYPE_CHECKING:
-    from server.client import JSON, Client
-    from server.client_render import Printer, Renderer
     from server.settings import Settings
-
-DEFAULT_URL = "http://127.0.0.1:8000"
-URL_ENV = "AGENT_RUNTIME_URL"
-
-EXIT_SUCCEEDED, EXIT_FAILED, EXIT_ERROR, EXIT_WAITING, EXIT_RUNNING = 0, 1, 2, 3, 4
-EXIT_INTERRUPTED = 130
+EXIT_USAGE = 2
 EXIT_CODES = """\
 exit codes (the run's state when the command ends):
   0  succeeded (run without --follow: created; runs: listed)
@@ -116,260 +113,54 @@ def _server_command(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- the client ----------------------------------------------------------------------
+# -- keys ------------------------------------------------------------------------------
 
 
-def exit_code(state: str) -> int:
-    if state == "succeeded":
-        return EXIT_SUCCEEDED
-    if state == "failed":
-        return EXIT_FAILED
-    if state == "waiting_human":
-        return EXIT_WAITING
-    return EXIT_RUNNING
+async def _keys(args: argparse.Namespace) -> int:
+    from runtime.backend import open_backend
+    from server.auth.keys import create_key
+    from server.settings import Settings
 
-
-class Cli:
-    """One client command's context: the server, the output mode, the renderer."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        from server.client import Client
-        from server.client_render import Printer, Renderer, symbols_for
-
-        self.args = args
-        self.json: bool = args.json
-        self.url: str = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
-        self.client: Client = Client(self.url)
-        self.printer: Printer = Printer()
-        command = "agent-runtime"
-        if self.url.rstrip("/") != (os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/"):
-            command += f" --url {self.url}"
-        self.render: Renderer = Renderer(
-            symbols_for(self.printer.out), width=self.printer.width, command=command
-        )
-
-    def dump(self, value: Any) -> None:
-        self.printer.line(json.dumps(value, ensure_ascii=False, indent=2))
-
-    def follow(self, run_id: str, *, after: int = 0, anchor: str | None = None) -> JSON:
-        """Show events until the run ends or parks; returns the run as it is then.
-
-        Events up to seq ``after`` are read (for the state column) but not shown; with
-        ``anchor`` (an approval id) neither are those before that approval's result,
-        so ``approve --follow`` picks up where the decision lands.
-        """
-        state = ""
-        shown = anchor is None
-        last_request: str | None = None
-
-        def dropped(last: int, why: str) -> None:
-            self.printer.note(
-                f"agent-runtime: event stream dropped ({why}); reconnecting after event {last}"
-            )
-
-        # Always read from the start, so every line shows the state the run was in.
-        for event in self.client.events(run_id, 0, on_reconnect=dropped):
-            kind, data = event.get("type"), event.get("data") or {}
-            if kind == "state":
-                state = str(data.get("to"))
-            if not shown:
-                shown = kind == "approval_result" and data.get("approval_id") == anchor
-                if not shown:
-                    continue
-            if int(event.get("seq") or 0) <= after:
-                continue
-            if kind == "approval_request":
-                last_request = data.get("approval_id")
-            if self.json:
-                self.printer.line(json.dumps(event, ensure_ascii=False))
-            else:
-                self.printer.line(self.render.event(event, state))
-            if kind == "state" and self._stops_at(run_id, state, last_request):
-                break
-            if not self.json:
-                self.printer.status(f"{state}, waiting for the next event")
-        self.printer.done()
-        return self.client.get_run(run_id)
-
-    def _stops_at(self, run_id: str, state: str, last_request: str | None) -> bool:
-        """Whether following ends at this state: terminal, or parked (now, not in the past)."""
-        if state in TERMINAL:
-            return True
-        if state != WAITING_HUMAN:
-            return False
-        run = self.client.get_run(run_id)
-        pending = (run.get("pending_approval") or {}).get("approval_id")
-        # Replayed history parks too; stop only where the run is parked now.
-        return run["state"] == WAITING_HUMAN and (
-            last_request is None or pending in (None, last_request)
-        )
-
-    def ending(self, run: JSON) -> int:
-        if not self.json:
-            self.printer.lines(self.render.ending(run))
-        return exit_code(str(run["state"]))
-
-    # -- commands -------------------------------------------------------------------
-
-    def run(self) -> int:
-        args = self.args
-        text = sys.stdin.read().rstrip("\n") if args.input == "-" else args.input
-        context: JSON = {}
-        if args.context_json:
-            context = dict(args.context_json)
-        if args.scope:
-            context["scope"] = [*(context.get("scope") or []), *args.scope]
-        options: JSON = {}
-        if args.max_steps is not None:
-            options["max_steps"] = args.max_steps
-        body: JSON = {"input": text}
-        if args.agent:
-            body["agent_id"] = args.agent
-        if context:
-            body["context"] = context
-        if options:
-            body["options"] = options
-        run, created = self.client.create_run(body, args.idempotency_key)
-        run_id = str(run["run_id"])
-        if not args.follow:
-            if self.json:
-                self.dump(run)
-            else:
-                verb = "created" if created else "found (same idempotency key)"
-                self.printer.line(f"{verb} {run_id}")
-                self.printer.lines(self.render.run_summary(run))
-                if str(run["state"]) not in TERMINAL | {WAITING_HUMAN}:
-                    self.printer.line(f"follow:   {self.render.command} follow {run_id}")
-            return EXIT_SUCCEEDED
-        if not self.json:
-            verb = "created" if created else "found (same idempotency key)"
-            self.printer.line(f"{verb} {run_id} (agent {run['agent_id']})")
-        return self.ending(self.follow(run_id))
-
-    def follow_cmd(self) -> int:
-        return self.ending(self.follow(self.args.run, after=self.args.after))
-
-    def decide(self) -> int:
-        args = self.args
-        decision = "approve" if args.command == "approve" else "reject"
-        approval, now = self.client.decide(
-            args.run, args.approval, decision, comment=args.comment, decided_by=args.by
-        )
-        if args.follow:
-            if not self.json:
-                self.printer.line(self.decision_text(approval, now))
-            return self.ending(self.follow(args.run, anchor=args.approval))
-        run = self.settle(args.run, args.approval, args.wait)
-        if self.json:
-            self.dump(approval)
-            return exit_code(str(run["state"]))
-        self.printer.line(self.decision_text(approval, now))
-        return self.ending(run)
-
-    def decision_text(self, approval: JSON, now: bool) -> str:
-        comment = f": {approval['comment']}" if approval.get("comment") else ""
-        return (
-            f"{'' if now else 'already '}{approval.get('status')} {approval.get('approval_id')} "
-            f"({approval.get('tool')}) by {approval.get('decided_by')}{comment}"
-        )
-
-    def settle(self, run_id: str, approval_id: str, wait_s: float) -> JSON:
-        """The run once it has acted on the decision (or after ``wait_s``)."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            run = self.client.get_run(run_id)
-            pending = (run.get("pending_approval") or {}).get("approval_id")
-            if run["state"] != WAITING_HUMAN or pending != approval_id:
-                return run
-            if time.monotonic() >= deadline:
-                return run
-            time.sleep(0.1)
-
-    def cancel(self) -> int:
-        run = self.client.cancel(self.args.run, self.args.reason, self.args.compensate)
-        if self.json:
-            self.dump(run)
-            return exit_code(str(run["state"]))
-        return self.ending(run)
-
-    def runs(self) -> int:
-        args = self.args
-        items: list[JSON] = []
-        cursor: str | None = None
-        page: JSON = {}
-        while len(items) < args.limit:
-            page = self.client.list_runs(
-                state=args.state,
-                agent_id=args.agent,
-                limit=min(200, args.limit - len(items)),
-                cursor=cursor,
-            )
-            items += page.get("items") or []
-            cursor = page.get("next_cursor")
-            if not cursor:
-                break
-        if self.json:
-            self.dump({**page, "items": items, "next_cursor": cursor})
-        elif items:
-            self.printer.lines(self.render.runs_table(items))
-        else:
-            self.printer.line("no runs")
-        return EXIT_SUCCEEDED
-
-    def show(self) -> int:
-        run = self.client.get_run(self.args.run)
-        if self.json:
-            self.dump(run)
-        else:
-            self.printer.lines(self.render.run_summary(run))
-        return exit_code(str(run["state"]))
-
-    def trace(self) -> int:
-        trace = self.client.trace(self.args.run)
-        if self.json:
-            self.dump(trace)
-        else:
-            self.printer.lines(self.render.trace(trace))
-        return exit_code(str(trace["run"]["state"]))
-
-
-COMMANDS: dict[str, Callable[[Cli], int]] = {
-    "run": Cli.run,
-    "follow": Cli.follow_cmd,
-    "approve": Cli.decide,
-    "reject": Cli.decide,
-    "cancel": Cli.cancel,
-    "runs": Cli.runs,
-    "show": Cli.show,
-    "trace": Cli.trace,
-}
-
-
-def _client_command(args: argparse.Namespace) -> int:
-    from server.client import ApiError
-
-    if isinstance(sys.stdout, io.TextIOWrapper):
-        sys.stdout.reconfigure(errors="replace")
-    cli = Cli(args)
+    backend = await open_backend(Settings().resolved_database_url)
     try:
-        with cli.client:
-            return COMMANDS[args.command](cli)
-    except ApiError as exc:
-        if cli.json:
-            cli.printer.note(json.dumps(exc.problem, ensure_ascii=False))
-        else:
-            status = f" (HTTP {exc.status})" if exc.status else ""
-            cli.printer.note(f"agent-runtime: error {exc.code}{status}: {exc.detail}")
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        cli.printer.note("agent-runtime: interrupted")
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # The reader (e.g. `| head`) went away; nothing more to say.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_SUCCEEDED
+        store = backend.store
+        if args.keys_command == "create":
+            try:
+                key = await create_key(
+                    store,
+                    tenant_id=args.tenant,
+                    user_id=args.user,
+                    roles=args.role or [],
+                    scopes=args.scope or [],
+                    label=args.label,
+                )
+            except ValueError as exc:
+                print(f"agent-runtime: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+            if args.json:
+                print(json.dumps({"key_id": key.key_id, "token": key.token}))
+            else:
+                print(key.token)
+                print(
+                    f"(key {key.key_id} for {args.user} of {args.tenant}: shown once, "
+                    "only its hash is kept)",
+                    file=sys.stderr,
+                )
+        elif args.keys_command == "list":
+            rows = await store.list_api_keys(args.tenant)
+            for row in rows:
+                state = "revoked" if row.revoked_at else "active"
+                print(
+                    f"{row.key_id}  {row.tenant_id}/{row.user_id}  {state}  "
+                    f"roles={','.join(row.roles) or '-'}  scopes={','.join(row.scopes) or '-'}"
+                    + (f"  {row.label}" if row.label else "")
+                )
+        elif not await store.revoke_api_key(args.key_id):
+            print(f"agent-runtime: no active key {args.key_id}", file=sys.stderr)
+            return EXIT_USAGE
     finally:
-        cli.printer.done()
+        await backend.close()
+    return 0
 
 
 # -- arguments -----------------------------------------------------------------------
@@ -404,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     # default) only overrides them when given.
     parser.add_argument("--url", default=None, help="server URL (client commands)")
     parser.add_argument("--json", action="store_true", help="JSON output (client commands)")
+    parser.add_argument("--token", default=None, help="bearer token (client commands)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the HTTP server (with an in-process worker)")
@@ -413,6 +205,22 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="drive runs from the shared database, no HTTP")
     worker.add_argument("--concurrency", type=int, default=None)
 
+    keys = sub.add_parser("keys", help="create, list or revoke API keys (in the database)")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    create = keys_sub.add_parser("create", help="create a key and print it once")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--user", required=True)
+    create.add_argument("--role", action="append", choices=["approver", "admin"])
+    create.add_argument("--scope", action="append", metavar="S", help="'*' grants any scope")
+    create.add_argument("--label", metavar="L")
+    create.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print key_id and token"
+    )
+    keys_list = keys_sub.add_parser("list", help="list keys (never their secrets)")
+    keys_list.add_argument("--tenant")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key at once")
+    revoke.add_argument("key_id")
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url",
@@ -421,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print the API's JSON"
+    )
+    common.add_argument(
+        "--token",
+        default=argparse.SUPPRESS,
+        help=f"bearer token (default: ${TOKEN_ENV}, else the local keys of `make run`)",
     )
 
     def client(name: str, summary: str, description: str | None = None) -> argparse.ArgumentParser:
@@ -466,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
         decide.add_argument("run")
         decide.add_argument("approval")
         decide.add_argument("--comment", metavar="C")
-        decide.add_argument("--by", metavar="U", help="who decides (decided_by)")
+        decide.add_argument(
+            "--by", metavar="U", help="who decides (decided_by); must be the token's user"
+        )
         decide.add_argument("--follow", "-f", action="store_true", help="then " + follow_help)
         decide.add_argument(
             "--wait",
@@ -503,7 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("serve", "worker"):
         return _server_command(args)
-    return _client_command(args)
+    if args.command == "keys":
+        return asyncio.run(_keys(args))
+    return client_command(args)
 
 
 if __name__ == "__main__":

@@ -102,15 +102,19 @@ class Client:
         self,
         base_url: str,
         *,
+        token: str | None = None,
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        headers = {"Accept": "application/json", "User-Agent": "agent-runtime-cli"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         self.http = httpx.Client(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout, connect=10.0),
             transport=transport,
-            headers={"Accept": "application/json", "User-Agent": "agent-runtime-cli"},
+            headers=headers,
         )
 
     def __enter__(self) -> Client:

@@ -17,12 +17,21 @@ CLI = (sys.executable, "-m", "server.cli")
 
 
 def cli_env(server: ServerProcess) -> dict[str, str]:
+    # No token given: the CLI takes the local keys the server created on first start.
     return {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "PYTHONIOENCODING": "utf-8",
         "AGENT_RUNTIME_URL": server.base_url,
+        "AGENT_RUNTIME_DATA_DIR": str(server.data_dir),
+        "AGENT_RUNTIME_DATABASE_URL": server.env["AGENT_RUNTIME_DATABASE_URL"],
     }
+
+
+def start(server: ServerProcess) -> None:
+    """Start the server as `make run` does: with no key in the store, it makes local ones."""
+    server.env["AGENT_RUNTIME_BOOTSTRAP_LOCAL_KEYS"] = "true"
+    server.start()
 
 
 def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
@@ -47,7 +56,7 @@ def approval_hint(stdout: str) -> tuple[str, str]:
 
 
 def test_follow_park_approve_and_audit(server: ServerProcess) -> None:
-    server.start()
+    start(server)
     parked = cli(server, "run", *DEMO, "--follow")
     assert parked.returncode == 3, parked.stderr
     run_id, approval_id = approval_hint(parked.stdout)
@@ -57,15 +66,20 @@ def test_follow_park_approve_and_audit(server: ServerProcess) -> None:
     assert f"approval {approval_id} needed: publish_report" in parked.stdout
     assert "waiting_human ● executing → waiting_human" in parked.stdout
 
-    approved = cli(server, "approve", run_id, approval_id, "--by", "u-mgr", "--follow")
+    keys = json.loads((server.data_dir / "local-keys.json").read_text())
+    as_admin = cli(server, "approve", run_id, approval_id, "--token", keys["admin"]["token"])
+    assert as_admin.returncode == 2 and "ROLE_REQUIRED" in as_admin.stderr
+    forged = cli(server, "approve", run_id, approval_id, "--by", "u-mgr")
+    assert forged.returncode == 2 and "PRINCIPAL_MISMATCH" in forged.stderr
+    approved = cli(server, "approve", run_id, approval_id, "--by", "approver", "--follow")
     assert approved.returncode == 0, approved.stderr
     out = approved.stdout
-    assert f"approved {approval_id} (publish_report@1) by u-mgr" in out
+    assert f"approved {approval_id} (publish_report@1) by approver" in out
     seqs = [int(s) for s in re.findall(r"^\[ *(\d+)\]", out, re.M)]
     assert seqs == list(range(15, 15 + len(seqs))), out  # resumes after the decision
     assert "▶ publish_report" in out and f"{run_id} succeeded" in out and "SKU-1008" in out
 
-    again = cli(server, "approve", run_id, approval_id, "--by", "u-mgr")
+    again = cli(server, "approve", run_id, approval_id)
     assert again.returncode == 0 and "already approved" in again.stdout
     conflict = cli(server, "reject", run_id, approval_id)
     assert conflict.returncode == 2 and "APPROVAL_CONFLICT" in conflict.stderr
@@ -90,7 +104,7 @@ def test_follow_park_approve_and_audit(server: ServerProcess) -> None:
 
 
 def test_json_follow_reject_cancel_and_errors(server: ServerProcess) -> None:
-    server.start()
+    start(server)
     followed = cli(server, "run", *DEMO, "--json", "--follow")
     assert followed.returncode == 3, followed.stderr
     events = json_lines(followed.stdout)  # one JSON object per line, nothing else
@@ -132,7 +146,7 @@ def test_json_follow_reject_cancel_and_errors(server: ServerProcess) -> None:
 
 
 def test_follow_reconnects_across_a_server_restart(server: ServerProcess) -> None:
-    server.start()
+    start(server)
     proc = subprocess.Popen(
         [*CLI, "run", "sleep 30", "--agent=slow_worker", "--follow", "--json"],
         cwd=ROOT,
@@ -159,3 +173,35 @@ def test_follow_reconnects_across_a_server_restart(server: ServerProcess) -> Non
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))  # no gap, no repeat
     assert events[-1]["data"]["to"] == "succeeded"
     assert "reconnecting after event" in err
+
+
+def test_keys_create_list_revoke(server: ServerProcess) -> None:
+    start(server)
+    assert cli(server, "run", "x", "--agent", "typo_fixer").returncode == 0
+    created = cli(server, "keys", "create", "--tenant", "acme", "--user", "bob", "--json")
+    assert created.returncode == 0, created.stderr
+    key = json.loads(created.stdout)
+    assert key["token"].startswith("ark_")
+    stored = (server.data_dir / "local-keys.json").read_text()
+    assert key["token"] not in stored
+
+    # Bob of acme sees none of the local tenant's runs, and his runs are his tenant's.
+    bob = cli(server, "runs", "--json", "--token", key["token"])
+    assert bob.returncode == 0 and json.loads(bob.stdout)["items"] == []
+    mine = cli(server, "run", "x", "--agent", "typo_fixer", "--json", "--token", key["token"])
+    assert json.loads(mine.stdout)["context"] == {
+        "user_id": "bob",
+        "tenant_id": "acme",
+        "scope": [],
+    }
+    listed = cli(server, "keys", "list", "--tenant", "acme")
+    assert listed.returncode == 0
+    assert listed.stdout.split()[:3] == [key["key_id"], "acme/bob", "active"]
+    assert key["token"] not in listed.stdout
+
+    assert cli(server, "keys", "revoke", key["key_id"]).returncode == 0
+    refused = cli(server, "runs", "--token", key["token"])
+    assert refused.returncode == 2 and "UNAUTHENTICATED" in refused.stderr
+    assert cli(server, "keys", "revoke", key["key_id"]).returncode == 2
+    bad_role = cli(server, "keys", "create", "--tenant", "a", "--user", "b", "--role", "root")
+    assert bad_role.returncode == 2

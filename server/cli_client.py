@@ -1,0 +1,294 @@
+"""The client commands of ``agent-runtime``: run, follow, approve, reject, cancel, runs,
+show, trace, against a running server. ``server.cli`` parses the arguments."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from server.client import TERMINAL, WAITING_HUMAN
+
+if TYPE_CHECKING:
+    from server.client import JSON, Client
+    from server.client_render import Printer, Renderer
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+URL_ENV = "AGENT_RUNTIME_URL"
+TOKEN_ENV = "AGENT_RUNTIME_TOKEN"
+
+EXIT_SUCCEEDED, EXIT_FAILED, EXIT_ERROR, EXIT_WAITING, EXIT_RUNNING = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
+
+
+def resolve_token(args: argparse.Namespace) -> str | None:
+    """``--token``, else ``$AGENT_RUNTIME_TOKEN``, else the embedded default's local key:
+    the approver's for approve/reject (the run's own user may not approve it), else the
+    admin's."""
+    token = getattr(args, "token", None) or os.environ.get(TOKEN_ENV)
+    if token:
+        return str(token)
+    from server.auth.bootstrap import read_local_keys
+
+    local = read_local_keys(Path(os.environ.get("AGENT_RUNTIME_DATA_DIR", ".agent-runtime")))
+    name = "approver" if args.command in ("approve", "reject") else "admin"
+    return local.get(name)
+
+
+def exit_code(state: str) -> int:
+    if state == "succeeded":
+        return EXIT_SUCCEEDED
+    if state == "failed":
+        return EXIT_FAILED
+    if state == "waiting_human":
+        return EXIT_WAITING
+    return EXIT_RUNNING
+
+
+class Cli:
+    """One client command's context: the server, the output mode, the renderer."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from server.client import Client
+        from server.client_render import Printer, Renderer, symbols_for
+
+        self.args = args
+        self.json: bool = args.json
+        self.url: str = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
+        self.client: Client = Client(self.url, token=resolve_token(args))
+        self.printer: Printer = Printer()
+        command = "agent-runtime"
+        if self.url.rstrip("/") != (os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/"):
+            command += f" --url {self.url}"
+        self.render: Renderer = Renderer(
+            symbols_for(self.printer.out), width=self.printer.width, command=command
+        )
+
+    def dump(self, value: Any) -> None:
+        self.printer.line(json.dumps(value, ensure_ascii=False, indent=2))
+
+    def follow(self, run_id: str, *, after: int = 0, anchor: str | None = None) -> JSON:
+        """Show events until the run ends or parks; returns the run as it is then.
+
+        Events up to seq ``after`` are read (for the state column) but not shown; with
+        ``anchor`` (an approval id) neither are those before that approval's result,
+        so ``approve --follow`` picks up where the decision lands.
+        """
+        state = ""
+        shown = anchor is None
+        last_request: str | None = None
+
+        def dropped(last: int, why: str) -> None:
+            self.printer.note(
+                f"agent-runtime: event stream dropped ({why}); reconnecting after event {last}"
+            )
+
+        # Always read from the start, so every line shows the state the run was in.
+        for event in self.client.events(run_id, 0, on_reconnect=dropped):
+            kind, data = event.get("type"), event.get("data") or {}
+            if kind == "state":
+                state = str(data.get("to"))
+            if not shown:
+                shown = kind == "approval_result" and data.get("approval_id") == anchor
+                if not shown:
+                    continue
+            if int(event.get("seq") or 0) <= after:
+                continue
+            if kind == "approval_request":
+                last_request = data.get("approval_id")
+            if self.json:
+                self.printer.line(json.dumps(event, ensure_ascii=False))
+            else:
+                self.printer.line(self.render.event(event, state))
+            if kind == "state" and self._stops_at(run_id, state, last_request):
+                break
+            if not self.json:
+                self.printer.status(f"{state}, waiting for the next event")
+        self.printer.done()
+        return self.client.get_run(run_id)
+
+    def _stops_at(self, run_id: str, state: str, last_request: str | None) -> bool:
+        """Whether following ends at this state: terminal, or parked (now, not in the past)."""
+        if state in TERMINAL:
+            return True
+        if state != WAITING_HUMAN:
+            return False
+        run = self.client.get_run(run_id)
+        pending = (run.get("pending_approval") or {}).get("approval_id")
+        # Replayed history parks too; stop only where the run is parked now.
+        return run["state"] == WAITING_HUMAN and (
+            last_request is None or pending in (None, last_request)
+        )
+
+    def ending(self, run: JSON) -> int:
+        if not self.json:
+            self.printer.lines(self.render.ending(run))
+        return exit_code(str(run["state"]))
+
+    # -- commands -------------------------------------------------------------------
+
+    def run(self) -> int:
+        args = self.args
+        text = sys.stdin.read().rstrip("\n") if args.input == "-" else args.input
+        context: JSON = {}
+        if args.context_json:
+            context = dict(args.context_json)
+        if args.scope:
+            context["scope"] = [*(context.get("scope") or []), *args.scope]
+        options: JSON = {}
+        if args.max_steps is not None:
+            options["max_steps"] = args.max_steps
+        body: JSON = {"input": text}
+        if args.agent:
+            body["agent_id"] = args.agent
+        if context:
+            body["context"] = context
+        if options:
+            body["options"] = options
+        run, created = self.client.create_run(body, args.idempotency_key)
+        run_id = str(run["run_id"])
+        if not args.follow:
+            if self.json:
+                self.dump(run)
+            else:
+                verb = "created" if created else "found (same idempotency key)"
+                self.printer.line(f"{verb} {run_id}")
+                self.printer.lines(self.render.run_summary(run))
+                if str(run["state"]) not in TERMINAL | {WAITING_HUMAN}:
+                    self.printer.line(f"follow:   {self.render.command} follow {run_id}")
+            return EXIT_SUCCEEDED
+        if not self.json:
+            verb = "created" if created else "found (same idempotency key)"
+            self.printer.line(f"{verb} {run_id} (agent {run['agent_id']})")
+        return self.ending(self.follow(run_id))
+
+    def follow_cmd(self) -> int:
+        return self.ending(self.follow(self.args.run, after=self.args.after))
+
+    def decide(self) -> int:
+        args = self.args
+        decision = "approve" if args.command == "approve" else "reject"
+        approval, now = self.client.decide(
+            args.run, args.approval, decision, comment=args.comment, decided_by=args.by
+        )
+        if args.follow:
+            if not self.json:
+                self.printer.line(self.decision_text(approval, now))
+            return self.ending(self.follow(args.run, anchor=args.approval))
+        run = self.settle(args.run, args.approval, args.wait)
+        if self.json:
+            self.dump(approval)
+            return exit_code(str(run["state"]))
+        self.printer.line(self.decision_text(approval, now))
+        return self.ending(run)
+
+    def decision_text(self, approval: JSON, now: bool) -> str:
+        comment = f": {approval['comment']}" if approval.get("comment") else ""
+        return (
+            f"{'' if now else 'already '}{approval.get('status')} {approval.get('approval_id')} "
+            f"({approval.get('tool')}) by {approval.get('decided_by')}{comment}"
+        )
+
+    def settle(self, run_id: str, approval_id: str, wait_s: float) -> JSON:
+        """The run once it has acted on the decision (or after ``wait_s``)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            run = self.client.get_run(run_id)
+            pending = (run.get("pending_approval") or {}).get("approval_id")
+            if run["state"] != WAITING_HUMAN or pending != approval_id:
+                return run
+            if time.monotonic() >= deadline:
+                return run
+            time.sleep(0.1)
+
+    def cancel(self) -> int:
+        run = self.client.cancel(self.args.run, self.args.reason, self.args.compensate)
+        if self.json:
+            self.dump(run)
+            return exit_code(str(run["state"]))
+        return self.ending(run)
+
+    def runs(self) -> int:
+        args = self.args
+        items: list[JSON] = []
+        cursor: str | None = None
+        page: JSON = {}
+        while len(items) < args.limit:
+            page = self.client.list_runs(
+                state=args.state,
+                agent_id=args.agent,
+                limit=min(200, args.limit - len(items)),
+                cursor=cursor,
+            )
+            items += page.get("items") or []
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+        if self.json:
+            self.dump({**page, "items": items, "next_cursor": cursor})
+        elif items:
+            self.printer.lines(self.render.runs_table(items))
+        else:
+            self.printer.line("no runs")
+        return EXIT_SUCCEEDED
+
+    def show(self) -> int:
+        run = self.client.get_run(self.args.run)
+        if self.json:
+            self.dump(run)
+        else:
+            self.printer.lines(self.render.run_summary(run))
+        return exit_code(str(run["state"]))
+
+    def trace(self) -> int:
+        trace = self.client.trace(self.args.run)
+        if self.json:
+            self.dump(trace)
+        else:
+            self.printer.lines(self.render.trace(trace))
+        return exit_code(str(trace["run"]["state"]))
+
+
+COMMANDS: dict[str, Callable[[Cli], int]] = {
+    "run": Cli.run,
+    "follow": Cli.follow_cmd,
+    "approve": Cli.decide,
+    "reject": Cli.decide,
+    "cancel": Cli.cancel,
+    "runs": Cli.runs,
+    "show": Cli.show,
+    "trace": Cli.trace,
+}
+
+
+def client_command(args: argparse.Namespace) -> int:
+    from server.client import ApiError
+
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="replace")
+    cli = Cli(args)
+    try:
+        with cli.client:
+            return COMMANDS[args.command](cli)
+    except ApiError as exc:
+        if cli.json:
+            cli.printer.note(json.dumps(exc.problem, ensure_ascii=False))
+        else:
+            status = f" (HTTP {exc.status})" if exc.status else ""
+            cli.printer.note(f"agent-runtime: error {exc.code}{status}: {exc.detail}")
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        cli.printer.note("agent-runtime: interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away; nothing more to say.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_SUCCEEDED
+    finally:
+        cli.printer.done()
