@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from runtime.engine import Engine
 from server.api.deps import Services
@@ -24,6 +25,7 @@ class Api:
     engine: Engine
     settings: Settings
     engine_services: Services
+    app: FastAPI | None = None
 
     async def create(self, **body: Any) -> dict[str, Any]:
         body.setdefault("input", "上周华东区销售下滑的主要 SKU 是什么？")
@@ -83,7 +85,7 @@ def settings(database_url: str, data_dir: Path) -> Settings:
     return Settings(
         data_dir=data_dir,
         database_url=database_url,
-        extra_agents=["tests.agents:build_agents"],
+        extra_agents=["tests.agents:build_agents", "tests.security_agents:build_agents"],
         jwt_hs256_secret=TEST_JWT_SECRET,
         bootstrap_local_keys=False,
     )
@@ -98,4 +100,4 @@ async def api(settings: Settings) -> AsyncIterator[Api]:
             transport=transport, base_url="http://test", headers=OPS
         ) as client:
             services = app.state.services
-            yield Api(client, services.engine, settings, services)
+            yield Api(client, services.engine, settings, services, app)
