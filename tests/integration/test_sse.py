@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from tests.auth import MGR, OPS
@@ -72,3 +74,33 @@ def http_get_answer(server: ServerProcess, run_id: str) -> str:
     with server.client() as http:
         answer: str = http.get(f"/runs/{run_id}").json()["result"]["answer"]
         return answer
+
+
+def test_open_streams_per_caller_are_capped(server: ServerProcess) -> None:
+    server.env["AGENT_RUNTIME_MAX_STREAMS_PER_PRINCIPAL"] = "1"
+    server.start()
+    sse = {"Accept": "text/event-stream"}
+    with server.client() as http:
+        run_id = http.post("/runs", json={"agent_id": "slow_worker", "input": "sleep 30"}).json()[
+            "run_id"
+        ]
+        url = f"/runs/{run_id}/events"
+        with http.stream("GET", url, headers=sse) as first:
+            assert first.status_code == 200
+            lines = first.iter_lines()  # kept: a dropped iterator closes the connection
+            next(lines)  # open, holding its slot
+            second = http.get(url, headers=sse)
+            assert second.status_code == 429, second.text
+            assert second.json()["code"] == "TOO_MANY_STREAMS"
+            assert int(second.headers["retry-after"]) > 0
+            # Another caller is not held back by this one's streams.
+            with http.stream("GET", url, headers={**sse, **MGR}) as other:
+                assert other.status_code == 200
+        # The first stream is closed: its slot comes back once the server sees it gone.
+        assert http.post(f"/runs/{run_id}/cancel").status_code == 200
+        for _ in range(100):
+            with http.stream("GET", url, headers=sse) as again:
+                if again.status_code == 200:
+                    break
+            time.sleep(0.05)  # the server notices the closed connection on its next write
+        assert again.status_code == 200
