@@ -70,10 +70,9 @@ exit codes (the run's state when the command ends):
 
 
 def _logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from server import logs
+
+    logs.configure(settings.log_level)
 
 
 async def _run_worker(settings: Settings) -> None:

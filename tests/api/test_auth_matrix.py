@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from runtime.ledger import StoreArtifacts
 from tests.api.conftest import Api
 from tests.auth import MGR, bearer
 
@@ -157,3 +158,25 @@ async def test_malformed_credentials_are_401(api: Api, header: str) -> None:
 async def test_healthz_needs_no_token(api: Api) -> None:
     resp = await api.client.get("/healthz", headers={"Authorization": ""})
     assert resp.status_code == 200
+
+
+async def test_an_artifact_both_tenants_wrote_is_each_ones_own(api: Api) -> None:
+    """Artifacts are content-addressed across tenants: the same bytes, one row, and each
+    tenant that wrote them may read them; a third may not."""
+    acme = bearer(user="u-acme", tenant="acme")
+    ours = await api.create(agent_id="typo_fixer", input="x", context={})
+    theirs = (
+        await api.client.post("/runs", json={"agent_id": "typo_fixer", "input": "x"}, headers=acme)
+    ).json()
+    # The echo tool's outputs are small and inline: write the same bytes for both runs.
+    store = api.engine_services.store
+    a = await StoreArtifacts(store, ours["run_id"]).put(b"same bytes", "text/plain", "a.txt")
+    b = await StoreArtifacts(store, theirs["run_id"]).put(b"same bytes", "text/plain", "b.txt")
+    assert a.artifact_id == b.artifact_id
+    for headers in ({}, acme):
+        resp = await api.client.get(f"/artifacts/{a.artifact_id}", headers=headers)
+        assert resp.status_code == 200 and resp.content == b"same bytes"
+        assert resp.headers["x-content-type-options"] == "nosniff"
+    problem(
+        await api.client.get(f"/artifacts/{a.artifact_id}", headers=EVE), 404, "ARTIFACT_NOT_FOUND"
+    )

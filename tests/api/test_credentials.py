@@ -1,0 +1,162 @@
+"""Credentials: API keys (hashed, revocable) and JWTs (HS256, RS256 by key or JWKS)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from server.app import create_app
+from server.auth.bootstrap import ensure_local_keys, read_local_keys
+from server.auth.keys import create_key, hash_secret
+from server.settings import Settings
+from tests.api.conftest import Api
+from tests.api.test_auth_matrix import problem
+from tests.auth import TEST_JWT_SECRET, token
+
+
+def claims(**over: Any) -> dict[str, Any]:
+    base = {
+        "sub": "u-ops-001",
+        "tenant_id": "demo-retail",
+        "roles": [],
+        "scope": "sales_region:east",
+        "exp": int(time.time()) + 600,
+    }
+    return {**base, **over}
+
+
+def without_exp() -> dict[str, Any]:
+    return {k: v for k, v in claims().items() if k != "exp"}
+
+
+async def status_with(api: Api, bearer: str) -> httpx.Response:
+    return await api.client.get("/runs", headers={"Authorization": f"Bearer {bearer}"})
+
+
+async def test_api_key_lifecycle(api: Api) -> None:
+    store = api.engine_services.store
+    key = await create_key(
+        store, tenant_id="demo-retail", user_id="svc-1", roles=["approver"], scopes=["a"]
+    )
+    secret = key.token.removeprefix(f"ark_{key.key_id}_")  # the secret may hold "_" too
+    row = await store.get_api_key(key.key_id)
+    assert row is not None and row.key_hash == hash_secret(secret)
+    assert secret not in row.key_hash and row.roles == ["approver"]
+
+    assert (await status_with(api, key.token)).status_code == 200
+    run = await api.client.post(
+        "/runs",
+        json={"input": "q", "agent_id": "typo_fixer"},
+        headers={"Authorization": f"Bearer {key.token}"},
+    )
+    assert run.json()["context"] == {"user_id": "svc-1", "tenant_id": "demo-retail", "scope": ["a"]}
+
+    tampered = key.token[:-1] + ("A" if key.token[-1] != "A" else "B")
+    problem(await status_with(api, tampered), 401, "UNAUTHENTICATED")
+    assert await store.revoke_api_key(key.key_id)
+    problem(await status_with(api, key.token), 401, "UNAUTHENTICATED")
+    with pytest.raises(ValueError, match="unknown role"):
+        await create_key(store, tenant_id="t", user_id="u", roles=["root"])
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda: jwt.encode(claims(exp=int(time.time()) - 5), TEST_JWT_SECRET), "expired"),
+        (lambda: jwt.encode(claims(), "some-other-secret-of-enough-length"), "Signature"),
+        (
+            lambda: jwt.encode({k: v for k, v in claims().items() if k != "exp"}, TEST_JWT_SECRET),
+            "exp",
+        ),
+        (lambda: jwt.encode(claims(tenant_id=None), TEST_JWT_SECRET), "tenant_id"),
+        (lambda: jwt.encode(claims(), None, algorithm="none"), "algorithm"),
+        (lambda: jwt.encode(claims(roles="approver"), TEST_JWT_SECRET), "lists"),
+    ],
+)
+async def test_bad_jwts_are_401(api: Api, make: Any, why: str) -> None:
+    resp = await status_with(api, make())
+    problem(resp, 401, "UNAUTHENTICATED")
+    assert why in resp.json()["detail"]
+
+
+def test_hs256_token_helper_round_trips() -> None:
+    decoded = jwt.decode(token(user="x"), TEST_JWT_SECRET, algorithms=["HS256"])
+    assert decoded["sub"] == "x" and decoded["tenant_id"] == "demo-retail"
+
+
+@pytest.fixture
+def rsa_keys(tmp_path: Path) -> tuple[Any, Path, Path]:
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = tmp_path / "public.pem"
+    pem.write_bytes(
+        private.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(private.public_key()))
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps({"keys": [{**jwk, "kid": "k1", "use": "sig", "alg": "RS256"}]}))
+    return private, pem, jwks
+
+
+async def serve(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            yield client
+
+
+@pytest.mark.parametrize("source", ["public_key", "jwks"])
+async def test_rs256_with_a_public_key_or_jwks(
+    database_url: str, data_dir: Path, rsa_keys: tuple[Any, Path, Path], source: str
+) -> None:
+    private, pem, jwks = rsa_keys
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        bootstrap_local_keys=False,
+        jwt_issuer="https://idp.example",
+        jwt_audience="agent-runtime",
+        **({"jwt_public_key_file": pem} if source == "public_key" else {"jwt_jwks_file": jwks}),
+    )
+    good = claims(iss="https://idp.example", aud="agent-runtime")
+    signed = jwt.encode(good, private, algorithm="RS256", headers={"kid": "k1"})
+    async for client in serve(settings):
+        resp = await client.get("/runs", headers={"Authorization": f"Bearer {signed}"})
+        assert resp.status_code == 200, resp.text
+        for bad in (
+            jwt.encode({**good, "iss": "https://evil"}, private, algorithm="RS256"),
+            jwt.encode({**good, "aud": "other"}, private, algorithm="RS256"),
+            # HS256 signed with the public key: the classic algorithm-confusion attack.
+            jwt.encode(good, "x" * 64, algorithm="HS256"),
+        ):
+            resp = await client.get("/runs", headers={"Authorization": f"Bearer {bad}"})
+            problem(resp, 401, "UNAUTHENTICATED")
+
+
+async def test_first_start_creates_local_keys_once(database_url: str, data_dir: Path) -> None:
+    settings = Settings(data_dir=data_dir, database_url=database_url)
+    async for client in serve(settings):
+        keys = read_local_keys(data_dir)
+        assert set(keys) == {"admin", "approver"}
+        assert (data_dir / "local-keys.json").stat().st_mode & 0o777 == 0o600
+        admin = {"Authorization": f"Bearer {keys['admin']}"}
+        assert (await client.get("/runs", headers=admin)).status_code == 200
+        run = await client.post(
+            "/runs", json={"input": "q", "agent_id": "retail_analyst"}, headers=admin
+        )
+        assert run.json()["context"]["tenant_id"] == "local"
+        store = client._transport.app.state.services.store  # type: ignore[attr-defined]
+        assert await ensure_local_keys(store, data_dir) is not None
+        assert read_local_keys(data_dir) == keys  # not replaced on the next start
+        assert len(await store.list_api_keys()) == 2
