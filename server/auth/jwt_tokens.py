@@ -71,8 +71,10 @@ class JwtVerifier:
         except jwt.PyJWTError as exc:
             raise JwtError(str(exc)) from exc
         tenant = claims.get("tenant_id") or claims.get("tid")
-        if not isinstance(tenant, str) or not tenant:
-            raise JwtError("token has no tenant_id claim")
+        if not isinstance(tenant, str) or not _name(tenant):
+            raise JwtError("token has no usable tenant_id claim")
+        if not _name(claims["sub"]):
+            raise JwtError("token has no usable sub claim")
         roles = claims.get("roles") or []
         scopes = claims.get("scopes") or str(claims.get("scope") or "").split()
         if not isinstance(roles, list) or not isinstance(scopes, list):
@@ -84,3 +86,8 @@ class JwtVerifier:
             scopes=frozenset(map(str, scopes)),
             via=f"jwt:{claims.get('iss') or alg}",
         )
+
+
+def _name(value: object) -> bool:
+    """A user or tenant id as a run's context may hold it."""
+    return isinstance(value, str) and 0 < len(value) <= 200 and "\x00" not in value

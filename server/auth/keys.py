@@ -42,8 +42,9 @@ async def create_key(
     unknown = set(roles or ()) - ROLES
     if unknown:
         raise ValueError(f"unknown role(s): {', '.join(sorted(unknown))}")
-    if not tenant_id or not user_id:
-        raise ValueError("a key needs a tenant and a user")
+    for what, name in (("tenant", tenant_id), ("user", user_id)):
+        if not name or len(name) > 200 or "\x00" in name:
+            raise ValueError(f"a key needs a {what} id of 1 to 200 characters")
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     await store.create_api_key(

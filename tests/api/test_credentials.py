@@ -78,6 +78,8 @@ async def test_api_key_lifecycle(api: Api) -> None:
             "exp",
         ),
         (lambda: jwt.encode(claims(tenant_id=None), TEST_JWT_SECRET), "tenant_id"),
+        (lambda: jwt.encode(claims(tenant_id="t" * 201), TEST_JWT_SECRET), "tenant_id"),
+        (lambda: jwt.encode(claims(sub="u\x00"), TEST_JWT_SECRET), "sub"),
         (lambda: jwt.encode(claims(), None, algorithm="none"), "algorithm"),
         (lambda: jwt.encode(claims(roles="approver"), TEST_JWT_SECRET), "lists"),
     ],

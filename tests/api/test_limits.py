@@ -127,6 +127,9 @@ async def test_active_runs_per_tenant_are_capped(limited: Settings) -> None:
             assert other.status_code == 201
             # Once one run ends, there is room again.
             await client.post(f"/runs/{ids[0]}/cancel")
+            await app.state.services.engine.wait_settled(ids[0])
+            cancelled = (await client.get(f"/runs/{ids[0]}")).json()
+            assert cancelled["state"] == "failed", cancelled
             assert (await client.post("/runs", json=slow)).status_code == 201
             for run in (await client.get("/runs")).json()["items"]:
                 await client.post(f"/runs/{run['run_id']}/cancel")
