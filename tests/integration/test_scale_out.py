@@ -713,8 +713,10 @@ async def _drive_until_killed(url: str, data_dir: Path, crash_at: int) -> tuple[
             owner="doomed:0:000000",
             lease_s=2,
         )
+        # Created in-process, past the API: the context names the tests' caller itself.
+        context = {"user_id": "u-ops-001", "tenant_id": "demo-retail", **EAST}
         run, _ = await engine.create_run(
-            RunCreate.model_validate({"input": QUESTION, "context": EAST})
+            RunCreate.model_validate({"input": QUESTION, "context": context})
         )
         [(run_id, version)] = await store.claim_runs(engine.owner, 1, 2)
         assert run_id == run.run_id
