@@ -80,15 +80,21 @@ def states(events: list[dict[str, Any]]) -> list[str]:
     return [e["data"]["to"] for e in events if e["type"] == "state"]
 
 
-@pytest.fixture
-def settings(database_url: str, data_dir: Path) -> Settings:
+def make_settings(database_url: str, data_dir: Path, **overrides: Any) -> Settings:
+    """The test agents, HS256 tokens from tests.auth, no local keys; plus ``overrides``."""
     return Settings(
         data_dir=data_dir,
         database_url=database_url,
         extra_agents=["tests.agents:build_agents", "tests.security_agents:build_agents"],
         jwt_hs256_secret=TEST_JWT_SECRET,
         bootstrap_local_keys=False,
+        **overrides,
     )
+
+
+@pytest.fixture
+def settings(database_url: str, data_dir: Path) -> Settings:
+    return make_settings(database_url, data_dir)
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import pytest
 
 from server.app import create_app
 from server.settings import Settings
-from tests.api.conftest import Api
+from tests.api.conftest import Api, make_settings
 from tests.api.test_auth_matrix import problem
-from tests.auth import OPS, TEST_JWT_SECRET, bearer
+from tests.auth import OPS, bearer
 
 
 async def count_runs(api: Api) -> int:
@@ -97,14 +97,8 @@ async def test_page_sizes_are_bounded(api: Api, path: str, params: dict[str, obj
 
 @pytest.fixture
 def limited(database_url: str, data_dir: Path) -> Settings:
-    return Settings(
-        data_dir=data_dir,
-        database_url=database_url,
-        extra_agents=["tests.agents:build_agents"],
-        jwt_hs256_secret=TEST_JWT_SECRET,
-        bootstrap_local_keys=False,
-        max_active_runs_per_tenant=2,
-        max_streams_per_principal=1,
+    return make_settings(
+        database_url, data_dir, max_active_runs_per_tenant=2, max_streams_per_principal=1
     )
 
 
