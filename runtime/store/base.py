@@ -75,7 +75,6 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
         IDEMPOTENCY_CONFLICT.
         """
         key = run.options.idempotency_key
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
             existing = await self._run_for_key(tx, run, request_hash)
             if existing is not None:
@@ -105,10 +104,8 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
                 run.run_id,
                 EventType.STATE,
                 {"from": None, "to": run.state.value, "trigger": "create"},
-                appended,
             )
             await self._announce(tx, WORK_CHANNEL, run.run_id)
-        self._notify(appended)
         return run, True
 
     async def _run_for_key(self, tx: Tx, run: Run, request_hash: str) -> Run | None:
@@ -130,7 +127,7 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
         return Run.model_validate(_dec(existing))
 
     async def get_run(self, run_id: str) -> Run | None:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
         return Run.model_validate(_dec(row)) if row else None
 
@@ -153,7 +150,7 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
             created, run_id = decode_cursor(cursor)
             where.append("(created_at < ? OR (created_at = ? AND run_id < ?))")
             params += [created, created, run_id]
-        async with self.tx() as tx:
+        async with self.read() as tx:
             rows = await tx.fetchall(
                 f"SELECT * FROM runs WHERE {' AND '.join(where)} "
                 "ORDER BY created_at DESC, run_id DESC LIMIT ?",
@@ -179,12 +176,8 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
         ``fields`` (step_index, usage, pending_approval, result, outcome) are
         written with it. ``expect`` guards against a state that moved meanwhile.
         """
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
-            await self._transition(tx, run_id, trigger, expect, events, fields, appended)
-            updated = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
-        self._notify(appended)
-        assert updated is not None
+            updated = await self._transition(tx, run_id, trigger, expect, events, fields)
         return Run.model_validate(_dec(updated))
 
     async def park(self, run_id: str, approval_id: str, expect: State, **fields: Any) -> Run | None:
@@ -194,7 +187,6 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
         decide_approval, so a decision cannot slip between the check and the park
         and be lost. Returns None when the approval is decided: resume instead.
         """
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
             approval = await tx.fetchone(
                 f"SELECT status FROM approvals WHERE approval_id = ?{self.for_update}",
@@ -206,11 +198,8 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
             if current is not None and current["state"] == State.WAITING_HUMAN.value:
                 await self._update_run(tx, run_id, needs_drive=0, **fields)
             else:
-                await self._transition(
-                    tx, run_id, Trigger.NEED_APPROVAL, expect, (), fields, appended
-                )
+                await self._transition(tx, run_id, Trigger.NEED_APPROVAL, expect, (), fields)
             updated = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
-        self._notify(appended)
         return Run.model_validate(_dec(updated)) if updated else None
 
     async def update_run(self, run_id: str, **fields: Any) -> None:
@@ -230,7 +219,7 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
 
     async def cancel_requested(self, run_id: str) -> tuple[str, bool] | None:
         """(reason, compensate) if a cancel was asked for."""
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone("SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,))
         if row is None or row["cancel_requested"] is None:
             return None
@@ -240,14 +229,12 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
     async def append_event(
         self, run_id: str, type_: EventType, data: dict[str, Any], dedupe_key: str | None = None
     ) -> int | None:
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
-            seq = await self._append(tx, run_id, type_, data, appended, dedupe_key)
-        self._notify(appended)
+            seq = await self._append(tx, run_id, type_, data, dedupe_key)
         return seq
 
     async def list_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[Event]:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             rows = await tx.fetchall(
                 "SELECT run_id, seq, type, ts, data FROM events WHERE run_id = ? AND seq > ? "
                 "ORDER BY seq LIMIT ?",
@@ -258,7 +245,7 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
     # -- steps ----------------------------------------------------------------
 
     async def get_step(self, run_id: str, step_index: int) -> Step | None:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone(
                 "SELECT * FROM steps WHERE run_id = ? AND step_index = ?", (run_id, step_index)
             )
@@ -267,9 +254,9 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
     async def record_step(self, step: Step) -> Step:
         """Insert the step's decision once; a replayed planner gets the first decision back."""
         async with self.tx() as tx:
-            await tx.execute(
+            inserted = await tx.fetchone(
                 "INSERT INTO steps (run_id, step_index, decision, started_at, ended_at) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING step_index",
                 (
                     step.run_id,
                     step.step_index,
@@ -278,12 +265,14 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
                     _enc(step.ended_at),
                 ),
             )
+        if inserted is not None:
+            return step
         stored = await self.get_step(step.run_id, step.step_index)
         assert stored is not None
         return stored
 
     async def list_steps(self, run_id: str) -> list[Step]:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             rows = await tx.fetchall(
                 "SELECT * FROM steps WHERE run_id = ? ORDER BY step_index", (run_id,)
             )

@@ -117,6 +117,12 @@ class PostgresRunStore(RunStore):
         async with self.pool.connection() as conn, conn.transaction():
             yield _PgTx(conn)
 
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[_PgTx]:
+        # Autocommit: one SELECT is one round trip, without BEGIN and COMMIT around it.
+        async with self.pool.connection() as conn:
+            yield _PgTx(conn)
+
     async def _announce(self, tx: Tx, channel: str, payload: str) -> None:
         await tx.execute("SELECT pg_notify(?, ?)", (channel, payload))
 

@@ -17,7 +17,7 @@ class ToolCallQueries(StoreCore):
     # -- the tool-call ledger -------------------------------------------------
 
     async def get_tool_call(self, tool_call_id: str) -> ToolCall | None:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone(
                 "SELECT * FROM tool_calls WHERE tool_call_id = ?", (tool_call_id,)
             )
@@ -29,16 +29,14 @@ class ToolCallQueries(StoreCore):
         If the row exists already, nothing is written and the existing row is returned:
         the caller must look at its status before executing anything.
         """
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
             if await self._insert_once(
                 tx, "tool_calls", "tool_call_id", call.model_dump(mode="json")
             ):
-                await self._append(tx, call.run_id, EventType.ACTION, action, appended)
+                await self._append(tx, call.run_id, EventType.ACTION, action)
             row = await tx.fetchone(
                 "SELECT * FROM tool_calls WHERE tool_call_id = ?", (call.tool_call_id,)
             )
-        self._notify(appended)
         assert row is not None
         return ToolCall.model_validate(_dec(row))
 
@@ -51,7 +49,6 @@ class ToolCallQueries(StoreCore):
         **fields: Any,
     ) -> ToolCall:
         """Move a ledger row on (compare-and-set on its status), with its result event."""
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
             row = await tx.fetchone(
                 f"SELECT * FROM tool_calls WHERE tool_call_id = ?{self.for_update}",
@@ -67,11 +64,10 @@ class ToolCallQueries(StoreCore):
                     [*(_enc(v) for v in fields.values()), tool_call_id],
                 )
                 if result is not None:
-                    await self._append(tx, row["run_id"], EventType.RESULT, result, appended)
+                    await self._append(tx, row["run_id"], EventType.RESULT, result)
                 row = await tx.fetchone(
                     "SELECT * FROM tool_calls WHERE tool_call_id = ?", (tool_call_id,)
                 )
-        self._notify(appended)
         assert row is not None
         return ToolCall.model_validate(_dec(row))
 
@@ -120,7 +116,7 @@ class ToolCallQueries(StoreCore):
             )
 
     async def list_tool_calls(self, run_id: str) -> list[ToolCall]:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             rows = await tx.fetchall(
                 "SELECT * FROM tool_calls WHERE run_id = ? ORDER BY step_index, call_index",
                 (run_id,),
