@@ -254,11 +254,17 @@ class Engine:
             with self.bus.subscribe(run_id) as waiter:
                 while True:
                     waiter.clear()
-                    run = await self.store.get_run(run_id)
-                    if run is None:
+                    drive = self.drives.get(run_id)
+                    if drive is not None:
+                        # Driven here: nothing is settled before the drive ends, so wait
+                        # for that rather than re-reading the run at every event.
+                        await asyncio.wait({drive.task})
+                        continue
+                    found = await self.store.get_run_drive(run_id)
+                    if found is None:
                         raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run_id}")
-                    lease = await self.store.lease_of(run_id) or {}
-                    parked = run.state is State.WAITING_HUMAN and not lease.get("needs_drive")
+                    run, needs_drive = found
+                    parked = run.state is State.WAITING_HUMAN and not needs_drive
                     if (run.state in TERMINAL or parked) and run_id not in self.drives:
                         return run
                     with contextlib.suppress(TimeoutError):

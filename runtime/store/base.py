@@ -131,6 +131,12 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
             row = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
         return Run.model_validate(_dec(row)) if row else None
 
+    async def get_run_drive(self, run_id: str) -> tuple[Run, bool] | None:
+        """The run and whether it needs driving, in one read (for waiters)."""
+        async with self.read() as tx:
+            row = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        return (Run.model_validate(_dec(row)), bool(row["needs_drive"])) if row else None
+
     async def list_runs(
         self,
         *,
