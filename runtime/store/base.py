@@ -13,7 +13,7 @@ from typing import Any
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
-from runtime.lifecycle import State, Trigger
+from runtime.lifecycle import TRANSITIONS, State, Trigger
 from runtime.model import (
     Event,
     Run,
@@ -182,6 +182,10 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
         ``fields`` (step_index, usage, pending_approval, result, outcome) are
         written with it. ``expect`` guards against a state that moved meanwhile.
         """
+        if expect is not None and (expect, trigger) in TRANSITIONS:
+            done = await self._transition_at_once(run_id, trigger, expect, events, fields)
+            if done is not None:
+                return Run.model_validate(_dec(done))
         async with self.tx() as tx:
             updated = await self._transition(tx, run_id, trigger, expect, events, fields)
         return Run.model_validate(_dec(updated))

@@ -106,6 +106,26 @@ class LeaseLost(Exception):
     """This worker's lease on the run was taken over: it must stop writing to the run."""
 
 
+def _transition_changes(
+    current: State,
+    target: State,
+    trigger: Trigger,
+    events: Sequence[tuple[EventType, dict[str, Any]]],
+    fields: dict[str, Any],
+) -> tuple[dict[str, Any], list[tuple[EventType, dict[str, Any]]]]:
+    """The run columns a transition writes and the events it appends, state event last."""
+    if target in (State.SUCCEEDED, State.FAILED):
+        fields = {**fields, "ended_at": utcnow(), "needs_drive": 0}
+    elif target is State.WAITING_HUMAN:
+        # Parked: nothing to drive until a human decides (decide_approval sets it again).
+        fields = {**fields, "needs_drive": 0}
+    state_event = {"from": current.value, "to": target.value, "trigger": trigger.value}
+    return (
+        {**fields, "state": target, "updated_at": _ts()},
+        [*events, (EventType.STATE, state_event)],
+    )
+
+
 def _plain_read(sql: str) -> bool:
     head = sql.lstrip()[:6].upper()
     return head == "SELECT" and "FOR UPDATE" not in sql.upper()
@@ -224,6 +244,21 @@ class StoreCore(ABC):
             raise LeaseLost(f"lease {version} on {run_id} is no longer held")
         return row
 
+    async def _transition_at_once(
+        self,
+        run_id: str,
+        trigger: Trigger,
+        expect: State,
+        events: Sequence[tuple[EventType, dict[str, Any]]],
+        fields: dict[str, Any],
+    ) -> Row | None:
+        """A transition from ``expect`` as one atomic statement, where the dialect can.
+
+        None: not done (unsupported, or the run is not in ``expect``, or the lease is
+        not ours); the caller takes the locking path, which says why.
+        """
+        return None
+
     async def _announce(self, tx: Tx, channel: str, payload: str) -> None:  # noqa: B027
         """Tell other processes, on commit (PostgreSQL NOTIFY); in-process only by default."""
 
@@ -341,14 +376,7 @@ class StoreCore(ABC):
                 Code.RUN_STATE_CONFLICT, f"run is {current.value}, not {expect.value}"
             )
         target = transition(current, trigger)
-        if target in (State.SUCCEEDED, State.FAILED):
-            fields = {**fields, "ended_at": utcnow(), "needs_drive": 0}
-        elif target is State.WAITING_HUMAN:
-            # Parked: nothing to drive until a human decides (decide_approval sets it again).
-            fields = {**fields, "needs_drive": 0}
-        state_event = {"from": current.value, "to": target.value, "trigger": trigger.value}
-        all_events = [*events, (EventType.STATE, state_event)]
-        fields = {**fields, "state": target, "updated_at": _ts()}
+        fields, all_events = _transition_changes(current, target, trigger, events, fields)
         sets = ", ".join(f"{k} = ?" for k in fields)
         updated = await tx.fetchone(
             f"UPDATE runs SET {sets}, last_seq = last_seq + ? WHERE run_id = ? RETURNING *",
