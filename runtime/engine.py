@@ -193,6 +193,9 @@ class Engine:
             }
         else:
             graph_input = None  # continue from the last checkpoint
+        # A fresh run has recorded no step; otherwise one count spares the planner node
+        # a read per step for the steps no earlier drive can have recorded.
+        recorded = 0 if graph_input is not None else await store.count_steps(run_id)
         adapter = Adapter(store, run)
         values, interrupts = snapshot.values, [i.value for i in snapshot.interrupts]
         while True:
@@ -209,7 +212,12 @@ class Engine:
                 await adapter.on_stop(values, [])
                 return
             usage = Usage.model_validate((values or {}).get("usage") or {})
-            ctx = Context(run_id=run_id, store=store, active_base_s=usage.active_s)
+            ctx = Context(
+                run_id=run_id,
+                store=store,
+                active_base_s=usage.active_s,
+                recorded_before=recorded,
+            )
             remaining = run.limits.timeout_s - usage.active_s
             try:
                 async with asyncio.timeout(max(remaining, 0.001)):

@@ -261,6 +261,15 @@ class RunStore(ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, 
             )
         return Step.model_validate({**_dec(row), "run_id": run_id}) if row else None
 
+    async def count_steps(self, run_id: str) -> int:
+        """One past the highest step the run has recorded (0: none)."""
+        async with self.read() as tx:
+            row = await tx.fetchone(
+                "SELECT MAX(step_index) AS last FROM steps WHERE run_id = ?", (run_id,)
+            )
+        last = (row or {}).get("last")
+        return 0 if last is None else int(last) + 1
+
     async def record_step(self, step: Step) -> Step:
         """Insert the step's decision once; a replayed planner gets the first decision back."""
         async with self.tx() as tx:
