@@ -14,8 +14,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from runtime.events import EventType
 from runtime.lifecycle import TRANSITIONS, State, Trigger
-from runtime.store.base import Row, RunStore, Tx
+from runtime.store.base import Row, Tx
 from runtime.store.core import EVENTS_CHANNEL, _enc, _transition_changes, _ts
+from runtime.store.pg_once import PgSingleStatements
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ async def advisory_lock(
             await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
-class PostgresRunStore(RunStore):
+class PostgresRunStore(PgSingleStatements):
     dialect = "postgres"
     blob_type = "BYTEA"
     for_update = " FOR UPDATE"

@@ -77,9 +77,24 @@ async def test_a_stale_lease_writes_nothing(backend: object, make_run: MakeRun) 
     row, claimed = await current.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
     assert moved.state is State.PLANNING
     assert claimed and row.attempts == 1
-    with pytest.raises(LeaseLost):
-        await stale.update_tool_call(row.tool_call_id, status="succeeded")
+    for result in (None, {"status": "succeeded"}):
+        with pytest.raises(LeaseLost):
+            await stale.update_tool_call(row.tool_call_id, result=result, status="succeeded")
     assert (await store.get_tool_call(row.tool_call_id)).status == "running"  # type: ignore[union-attr]
+    done = await current.update_tool_call(
+        row.tool_call_id, result={"status": "succeeded"}, status="succeeded", output={"ok": 1}
+    )
+    again = await current.update_tool_call(
+        row.tool_call_id, result={"status": "failed"}, status="failed"
+    )
+    assert done.status == again.status == "succeeded" and done.output == {"ok": 1}
+    events = await store.list_events(run.run_id)
+    assert [(e.seq, e.type) for e in events] == [
+        (1, "state"),
+        (2, "state"),
+        (3, "action"),
+        (4, "result"),
+    ]
 
 
 async def test_a_transition_from_another_state_is_refused(
