@@ -26,18 +26,18 @@ import psycopg
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command
 
-from runtime.adapter import Adapter, fail_run, side_effects
+from runtime.adapter import Adapter, fail_run
 from runtime.agent import AgentSpec
 from runtime.budget import Maxima, effective_limits
+from runtime.cancelling import finish_cancel
 from runtime.context import Context
 from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.ids import content_hash, new_run_id
-from runtime.ledger import StoreArtifacts
 from runtime.lifecycle import TERMINAL, State
 from runtime.model import Approval, ApprovalDecision, Run, RunCreate, Usage, utcnow
 from runtime.store.base import LeaseLost, RunStore
-from runtime.tooling import ToolContext
+from runtime.tooling import ToolResolver
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,9 @@ class Engine:
 
     def wake(self) -> None:
         self.work.set()
+
+    def _tools_of(self, agent_id: str) -> ToolResolver:
+        return self.agents[agent_id].tools
 
     # -- creating -------------------------------------------------------------
 
@@ -140,7 +143,7 @@ class Engine:
         try:
             cancel = await store.cancel_requested(run_id)
             if cancel is not None:
-                await self._finish_cancel(store, run_id, *cancel)
+                await finish_cancel(store, self._tools_of, run_id, *cancel)
             else:
                 await self._drive_graph(store, run_id)
         except LeaseLost:
@@ -150,7 +153,9 @@ class Engine:
             if run_id in self._cancelling:
                 cancel = await asyncio.shield(store.cancel_requested(run_id))
                 reason, compensate = cancel or ("cancelled", False)
-                await asyncio.shield(self._finish_cancel(store, run_id, reason, compensate))
+                await asyncio.shield(
+                    finish_cancel(store, self._tools_of, run_id, reason, compensate)
+                )
             else:  # shutdown: hand the run to the next worker, from its checkpoint
                 release = True
                 await asyncio.shield(self._release(run_id, version, True))
@@ -352,48 +357,6 @@ class Engine:
                         return run
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(waiter.wait(), 0.5)
-
-    async def _finish_cancel(
-        self, store: RunStore, run_id: str, reason: str, compensate: bool
-    ) -> None:
-        run = await store.get_run(run_id)
-        if run is None or run.state in TERMINAL:
-            return
-        await store.interrupt_running_calls(run_id, Code.RUN_CANCELLED, "cancelled while running")
-        compensated = await self._compensate(store, run) if compensate else None
-        await fail_run(
-            store, run_id, Code.RUN_CANCELLED, reason or "cancelled", compensations=compensated
-        )
-
-    async def _compensate(self, store: RunStore, run: Run) -> list[str]:
-        """Run each declared compensation of a side effect that happened, at most once."""
-        tools = self.agents[run.agent_id].tools
-        _, already = await side_effects(store, run.run_id)
-        done = list(already)
-        for row in await store.list_tool_calls(run.run_id):
-            spec = tools.resolve(row.tool, row.version)
-            if row.compensated or row.status != "succeeded" or not row.side_effect:
-                continue
-            if spec is None or spec.compensate is None:
-                continue
-            if not await store.claim_compensation(row.tool_call_id):
-                continue
-            tctx = ToolContext(
-                run_id=run.run_id,
-                tool_call_id=row.tool_call_id,
-                idempotency_key=row.idempotency_key,
-                context=run.context,
-                artifacts=StoreArtifacts(store, run.run_id),
-            )
-            try:
-                await spec.compensate(spec.args_model.model_validate(row.args), row.output, tctx)
-            except Exception:
-                log.exception("compensation of %s failed", row.tool_call_id)
-                await store.release_compensation(row.tool_call_id, done=False)
-                continue
-            await store.release_compensation(row.tool_call_id, done=True)
-            done.append(row.tool_call_id)
-        return done
 
     # -- reading --------------------------------------------------------------
 
