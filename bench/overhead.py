@@ -32,7 +32,7 @@ import aiosqlite
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-from langgraph.graph import START, StateGraph
+from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
@@ -61,11 +61,18 @@ class RawState(TypedDict, total=False):
     input: str
     step_index: int
     decision: dict[str, Any] | None
+    calls: list[dict[str, Any]]
     observations: Annotated[list[dict[str, Any]], operator.add]
+    outcome: dict[str, Any] | None
 
 
 async def raw_noop_tool() -> dict[str, object]:
     return {"ok": True}
+
+
+# The same topology as graphs.run_graph (planner → guard → executor → planner … →
+# finish), so both sides take the same supersteps and write the same number of
+# checkpoints: what differs is only what the runtime does around the nodes.
 
 
 async def raw_planner(state: RawState) -> dict[str, Any]:
@@ -74,29 +81,41 @@ async def raw_planner(state: RawState) -> dict[str, Any]:
         decision = {"kind": "tool_calls", "tool_calls": [{"tool": "noop", "args": {}}]}
     else:
         decision = {"kind": "finish", "answer": "done"}
-    return {"decision": decision, "step_index": state.get("step_index", 0) + 1}
+    return {"decision": decision, "step_index": state.get("step_index", 0) + 1, "calls": []}
 
 
-async def raw_tool(state: RawState) -> dict[str, Any]:
+async def raw_guard(state: RawState) -> dict[str, Any]:
     decision = state.get("decision") or {}
+    return {"calls": [dict(c) for c in decision.get("tool_calls", [])]}
+
+
+async def raw_executor(state: RawState) -> dict[str, Any]:
     observations = []
-    for call in decision.get("tool_calls", []):
+    for call in state.get("calls") or []:
         output = await raw_noop_tool()
         observations.append({"tool": call["tool"], "status": "succeeded", "output": output})
-    return {"observations": observations}
+    return {"observations": observations, "calls": []}
 
 
-def raw_route(state: RawState) -> Literal["tool", "__end__"]:
-    return "tool" if (state.get("decision") or {}).get("kind") == "tool_calls" else "__end__"
+async def raw_finish(state: RawState) -> dict[str, Any]:
+    return {"outcome": {"status": "succeeded"}}
+
+
+def raw_route_planner(state: RawState) -> Literal["guard", "finish"]:
+    return "guard" if (state.get("decision") or {}).get("kind") == "tool_calls" else "finish"
 
 
 def raw_graph(checkpointer: BaseCheckpointSaver[Any]) -> CompiledStateGraph[Any, Any, Any, Any]:
     builder: StateGraph[RawState, None, RawState, RawState] = StateGraph(RawState)
     builder.add_node("planner", raw_planner)
-    builder.add_node("tool", raw_tool)
+    builder.add_node("guard", raw_guard)
+    builder.add_node("executor", raw_executor)
+    builder.add_node("finish", raw_finish)
     builder.add_edge(START, "planner")
-    builder.add_conditional_edges("planner", raw_route)
-    builder.add_edge("tool", "planner")
+    builder.add_conditional_edges("planner", raw_route_planner)
+    builder.add_edge("guard", "executor")
+    builder.add_edge("executor", "planner")
+    builder.add_edge("finish", END)
     return builder.compile(checkpointer=checkpointer)
 
 
@@ -104,6 +123,9 @@ def raw_graph(checkpointer: BaseCheckpointSaver[Any]) -> CompiledStateGraph[Any,
 async def raw_checkpointer(store: str, tmp: Path) -> AsyncIterator[BaseCheckpointSaver[Any]]:
     if store == "sqlite":
         conn = await aiosqlite.connect(tmp / "raw.db")
+        # The engine's checkpointer shares the run store's file, which is in WAL mode:
+        # the same journal (and fsyncs per commit) here, or the two sides differ in I/O.
+        await conn.execute("PRAGMA journal_mode=WAL")
         await conn.execute("PRAGMA busy_timeout=10000")
         saver = AsyncSqliteSaver(conn)
         await saver.setup()

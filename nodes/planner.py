@@ -29,7 +29,9 @@ def make_planner_node(planner: Planner, tools: ToolResolver) -> NodeFn:
         usage = Usage.model_validate(state.get("usage") or {})
         limits = limits_from(state.get("limits"))
         step_index = usage.steps
-        recorded = await ctx.store.get_step(ctx.run_id, step_index)
+        recorded = None
+        if ctx.may_have_recorded(step_index):
+            recorded = await ctx.store.get_step(ctx.run_id, step_index)
         if recorded is not None:
             decision = recorded.decision
         else:

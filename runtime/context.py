@@ -25,6 +25,16 @@ class Context:
     active_base_s: float = 0.0
     """Active seconds the run had used before this drive started."""
     drive_started: float = field(default_factory=time.monotonic)
+    recorded_before: int | None = None
+    """Steps recorded in the store when this drive started (None: unknown)."""
+
+    def may_have_recorded(self, step_index: int) -> bool:
+        """Whether an earlier drive may have recorded this step (replay after a crash).
+
+        A step this drive records after it started cannot be planned twice within
+        the drive, and record_step keeps the first decision if it were.
+        """
+        return self.recorded_before is None or step_index < self.recorded_before
 
     def active_s(self) -> float:
         """Active time so far; time spent parked waiting for a human is not counted."""

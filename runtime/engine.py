@@ -26,18 +26,18 @@ import psycopg
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command
 
-from runtime.adapter import Adapter, fail_run, side_effects
+from runtime.adapter import Adapter, fail_run
 from runtime.agent import AgentSpec
 from runtime.budget import Maxima, effective_limits
+from runtime.cancelling import finish_cancel
 from runtime.context import Context
 from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.ids import content_hash, new_run_id
-from runtime.ledger import StoreArtifacts
 from runtime.lifecycle import TERMINAL, State
 from runtime.model import Approval, ApprovalDecision, Run, RunCreate, Usage, utcnow
 from runtime.store.base import LeaseLost, RunStore
-from runtime.tooling import ToolContext
+from runtime.tooling import ToolResolver
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,9 @@ class Engine:
 
     def wake(self) -> None:
         self.work.set()
+
+    def _tools_of(self, agent_id: str) -> ToolResolver:
+        return self.agents[agent_id].tools
 
     # -- creating -------------------------------------------------------------
 
@@ -145,7 +148,7 @@ class Engine:
         try:
             cancel = await store.cancel_requested(run_id)
             if cancel is not None:
-                await self._finish_cancel(store, run_id, *cancel)
+                await finish_cancel(store, self._tools_of, run_id, *cancel)
             else:
                 await self._drive_graph(store, run_id)
         except LeaseLost:
@@ -155,7 +158,9 @@ class Engine:
             if run_id in self._cancelling:
                 cancel = await asyncio.shield(store.cancel_requested(run_id))
                 reason, compensate = cancel or ("cancelled", False)
-                await asyncio.shield(self._finish_cancel(store, run_id, reason, compensate))
+                await asyncio.shield(
+                    finish_cancel(store, self._tools_of, run_id, reason, compensate)
+                )
             else:  # shutdown: hand the run to the next worker, from its checkpoint
                 release = True
                 await asyncio.shield(self._release(run_id, version, True))
@@ -198,6 +203,9 @@ class Engine:
             }
         else:
             graph_input = None  # continue from the last checkpoint
+        # A fresh run has recorded no step; otherwise one count spares the planner node
+        # a read per step for the steps no earlier drive can have recorded.
+        recorded = 0 if graph_input is not None else await store.count_steps(run_id)
         adapter = Adapter(store, run)
         values, interrupts = snapshot.values, [i.value for i in snapshot.interrupts]
         while True:
@@ -214,7 +222,12 @@ class Engine:
                 await adapter.on_stop(values, [])
                 return
             usage = Usage.model_validate((values or {}).get("usage") or {})
-            ctx = Context(run_id=run_id, store=store, active_base_s=usage.active_s)
+            ctx = Context(
+                run_id=run_id,
+                store=store,
+                active_base_s=usage.active_s,
+                recorded_before=recorded,
+            )
             remaining = run.limits.timeout_s - usage.active_s
             try:
                 async with asyncio.timeout(max(remaining, 0.001)):
@@ -259,11 +272,17 @@ class Engine:
             with self.bus.subscribe(run_id) as waiter:
                 while True:
                     waiter.clear()
-                    run = await self.store.get_run(run_id)
-                    if run is None:
+                    drive = self.drives.get(run_id)
+                    if drive is not None:
+                        # Driven here: nothing is settled before the drive ends, so wait
+                        # for that rather than re-reading the run at every event.
+                        await asyncio.wait({drive.task})
+                        continue
+                    found = await self.store.get_run_drive(run_id)
+                    if found is None:
                         raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run_id}")
-                    lease = await self.store.lease_of(run_id) or {}
-                    parked = run.state is State.WAITING_HUMAN and not lease.get("needs_drive")
+                    run, needs_drive = found
+                    parked = run.state is State.WAITING_HUMAN and not needs_drive
                     if (run.state in TERMINAL or parked) and run_id not in self.drives:
                         return run
                     with contextlib.suppress(TimeoutError):
@@ -343,48 +362,6 @@ class Engine:
                         return run
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(waiter.wait(), 0.5)
-
-    async def _finish_cancel(
-        self, store: RunStore, run_id: str, reason: str, compensate: bool
-    ) -> None:
-        run = await store.get_run(run_id)
-        if run is None or run.state in TERMINAL:
-            return
-        await store.interrupt_running_calls(run_id, Code.RUN_CANCELLED, "cancelled while running")
-        compensated = await self._compensate(store, run) if compensate else None
-        await fail_run(
-            store, run_id, Code.RUN_CANCELLED, reason or "cancelled", compensations=compensated
-        )
-
-    async def _compensate(self, store: RunStore, run: Run) -> list[str]:
-        """Run each declared compensation of a side effect that happened, at most once."""
-        tools = self.agents[run.agent_id].tools
-        _, already = await side_effects(store, run.run_id)
-        done = list(already)
-        for row in await store.list_tool_calls(run.run_id):
-            spec = tools.resolve(row.tool, row.version)
-            if row.compensated or row.status != "succeeded" or not row.side_effect:
-                continue
-            if spec is None or spec.compensate is None:
-                continue
-            if not await store.claim_compensation(row.tool_call_id):
-                continue
-            tctx = ToolContext(
-                run_id=run.run_id,
-                tool_call_id=row.tool_call_id,
-                idempotency_key=row.idempotency_key,
-                context=run.context,
-                artifacts=StoreArtifacts(store, run.run_id),
-            )
-            try:
-                await spec.compensate(spec.args_model.model_validate(row.args), row.output, tctx)
-            except Exception:
-                log.exception("compensation of %s failed", row.tool_call_id)
-                await store.release_compensation(row.tool_call_id, done=False)
-                continue
-            await store.release_compensation(row.tool_call_id, done=True)
-            done.append(row.tool_call_id)
-        return done
 
     # -- reading --------------------------------------------------------------
 

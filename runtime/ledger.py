@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from runtime import failpoints
-from runtime.breaker import BREAKERS
+from runtime.breaker import BREAKERS, Breaker
 from runtime.errors import Code
 from runtime.events import result_event, summarize
 from runtime.ids import idempotency_key
@@ -32,6 +32,8 @@ INLINE_OUTPUT_BYTES = 4096
 BACKOFF_BASE_S = 0.05
 BACKOFF_MAX_S = 2.0
 FINISHED = ("succeeded", "failed", "unknown", "cancelled")
+_IN_FLIGHT: set[str] = set()
+"""tool_call_ids whose execute_once is under way in this process."""
 
 
 class StoreArtifacts:
@@ -176,7 +178,36 @@ async def execute_once(
 
     ``rerun``: a human has ruled on an earlier unknown outcome; run it again.
     """
-    current = await store.begin_tool_call(row, action)
+    if row.tool_call_id in _IN_FLIGHT:
+        # A row this process is running shows an attempt counted, like one left by a
+        # dead process: only this set tells the two apart (another process's drive
+        # would have failed its fence: the run's lease is ours).
+        return await _await_other_driver(store, row, spec)
+    _IN_FLIGHT.add(row.tool_call_id)
+    try:
+        return await _execute(store, spec, row, args, tctx, action, rerun)
+    finally:
+        _IN_FLIGHT.discard(row.tool_call_id)
+
+
+async def _execute(
+    store: RunStore,
+    spec: ToolSpec,
+    row: ToolCall,
+    args: BaseModel,
+    tctx: ToolContext,
+    action: dict[str, Any],
+    rerun: bool,
+) -> ToolCall:
+    breaker = BREAKERS.for_tool(spec.ref)
+    if breaker.state == "closed":
+        # The usual case, a call never seen before: row, action event and first attempt
+        # in one transaction, committed before the handler starts.
+        current, claimed_new = await store.start_tool_call(row, action)
+    else:
+        current, claimed_new = await store.begin_tool_call(row, action), False
+    if claimed_new:
+        return await _run_claimed(store, spec, current, args, tctx, breaker)
     if current.status in FINISHED:
         return current
     if current.attempts > 0 and not rerun:
@@ -195,7 +226,6 @@ async def execute_once(
                     "message": "process stopped during a non-idempotent call",
                 },
             )
-    breaker = BREAKERS.for_tool(spec.ref)
     if not breaker.allow():
         # Fail fast: the tool has been unavailable; the handler is not touched.
         return await _finish(
@@ -211,7 +241,18 @@ async def execute_once(
     claimed = await store.claim_tool_call(current.tool_call_id, current.attempts)
     if claimed is None:
         return await _await_other_driver(store, current, spec)
-    current = claimed
+    return await _run_claimed(store, spec, claimed, args, tctx, breaker)
+
+
+async def _run_claimed(
+    store: RunStore,
+    spec: ToolSpec,
+    current: ToolCall,
+    args: BaseModel,
+    tctx: ToolContext,
+    breaker: Breaker,
+) -> ToolCall:
+    """Run the handler of a call whose attempt this driver has counted, and record it."""
     # On cancellation (user cancel, timeout, shutdown) the row stays `running` with its
     # attempt counted: a restart applies the rules above; a run that ends instead
     # closes it with interrupt_running_calls.

@@ -44,13 +44,13 @@ class ApiKeyQueries(StoreCore):
             )
 
     async def get_api_key(self, key_id: str) -> ApiKeyRow | None:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone("SELECT * FROM api_keys WHERE key_id = ?", (key_id,))
         return _key(row) if row else None
 
     async def list_api_keys(self, tenant_id: str | None = None) -> list[ApiKeyRow]:
         where, params = ("WHERE tenant_id = ?", (tenant_id,)) if tenant_id else ("", ())
-        async with self.tx() as tx:
+        async with self.read() as tx:
             rows = await tx.fetchall(
                 f"SELECT * FROM api_keys {where} ORDER BY created_at, key_id", params
             )
@@ -66,7 +66,7 @@ class ApiKeyQueries(StoreCore):
         return row is not None
 
     async def has_api_keys(self) -> bool:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone("SELECT 1 AS one FROM api_keys LIMIT 1")
         return row is not None
 

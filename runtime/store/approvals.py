@@ -18,23 +18,19 @@ class ApprovalQueries(StoreCore):
 
     async def ensure_approval(self, approval: Approval, request: dict[str, Any]) -> Approval:
         """Create the approval with its approval_request event, unless it exists already."""
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
             if await self._insert_once(
                 tx, "approvals", "approval_id", approval.model_dump(mode="json")
             ):
-                await self._append(
-                    tx, approval.run_id, EventType.APPROVAL_REQUEST, request, appended
-                )
+                await self._append(tx, approval.run_id, EventType.APPROVAL_REQUEST, request)
             row = await tx.fetchone(
                 "SELECT * FROM approvals WHERE approval_id = ?", (approval.approval_id,)
             )
-        self._notify(appended)
         assert row is not None
         return Approval.model_validate(_dec(row))
 
     async def get_approval(self, approval_id: str) -> Approval | None:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone("SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
         return Approval.model_validate(_dec(row)) if row else None
 
@@ -56,7 +52,7 @@ class ApprovalQueries(StoreCore):
         if run_id:
             where.append("run_id = ?")
             params.append(run_id)
-        async with self.tx() as tx:
+        async with self.read() as tx:
             rows = await tx.fetchall(
                 f"SELECT * FROM approvals WHERE {' AND '.join(where)} "
                 "ORDER BY created_at, approval_id LIMIT ?",
@@ -79,7 +75,6 @@ class ApprovalQueries(StoreCore):
         resume the run (a run still on its way to waiting_human picks the decision
         up itself when it parks).
         """
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
             row = await tx.fetchone(
                 f"SELECT * FROM approvals WHERE approval_id = ?{self.for_update}", (approval_id,)
@@ -105,7 +100,6 @@ class ApprovalQueries(StoreCore):
                         "decided_by": decided_by,
                         "comment": comment,
                     },
-                    appended,
                 )
                 if decision != "expired":
                     run = await tx.fetchone(
@@ -122,7 +116,6 @@ class ApprovalQueries(StoreCore):
                                 State.WAITING_HUMAN,
                                 (),
                                 {**fields, "pending_approval": None},
-                                appended,
                             )
                         else:
                             await self._update_run(tx, row["run_id"], **fields)
@@ -130,6 +123,5 @@ class ApprovalQueries(StoreCore):
                 row = await tx.fetchone(
                     "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,)
                 )
-        self._notify(appended)
         assert row is not None
         return Approval.model_validate(_dec(row)), won

@@ -14,7 +14,6 @@ class ArtifactQueries(StoreCore):
 
     async def put_artifact(self, artifact: Artifact, content: bytes) -> Artifact:
         """Store content-addressed bytes once; the artifact event goes to the run's log."""
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
             await self._insert_once(
                 tx,
@@ -28,10 +27,8 @@ class ArtifactQueries(StoreCore):
                     artifact.run_id,
                     EventType.ARTIFACT,
                     artifact.model_dump(mode="json", exclude={"run_id"}),
-                    appended,
                     dedupe_key=f"artifact:{artifact.artifact_id}",
                 )
-        self._notify(appended)
         return artifact
 
     async def artifact_in_tenant(self, artifact_id: str, tenant_id: str) -> bool:
@@ -40,7 +37,7 @@ class ArtifactQueries(StoreCore):
         Artifacts are content-addressed across tenants, so the row's own run_id only
         names the first writer; every writer's run log has the artifact's event.
         """
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone(
                 "SELECT 1 AS one FROM events e JOIN runs r ON r.run_id = e.run_id "
                 "WHERE e.dedupe_key = ? AND r.tenant_id = ? LIMIT 1",
@@ -49,14 +46,14 @@ class ArtifactQueries(StoreCore):
         return row is not None
 
     async def artifact_exists(self, artifact_id: str) -> bool:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone(
                 "SELECT 1 AS one FROM artifacts WHERE artifact_id = ?", (artifact_id,)
             )
         return row is not None
 
     async def get_artifact(self, artifact_id: str) -> tuple[Artifact, bytes] | None:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone("SELECT * FROM artifacts WHERE artifact_id = ?", (artifact_id,))
         if row is None:
             return None

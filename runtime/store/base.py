@@ -13,7 +13,7 @@ from typing import Any
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
-from runtime.lifecycle import State, Trigger
+from runtime.lifecycle import TRANSITIONS, State, Trigger
 from runtime.model import (
     Event,
     Run,
@@ -81,7 +81,6 @@ class RunStore(
         executing already gets TENANT_RUN_LIMIT (a replayed key still finds its run).
         """
         key = run.options.idempotency_key
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
             existing = await self._run_for_key(tx, run, request_hash)
             if existing is not None:
@@ -113,10 +112,8 @@ class RunStore(
                 run.run_id,
                 EventType.STATE,
                 {"from": None, "to": run.state.value, "trigger": "create"},
-                appended,
             )
             await self._announce(tx, WORK_CHANNEL, run.run_id)
-        self._notify(appended)
         return run, True
 
     async def _check_active(self, tx: Tx, tenant_id: str, max_active: int) -> None:
@@ -151,9 +148,15 @@ class RunStore(
         return Run.model_validate(_dec(existing))
 
     async def get_run(self, run_id: str) -> Run | None:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
         return Run.model_validate(_dec(row)) if row else None
+
+    async def get_run_drive(self, run_id: str) -> tuple[Run, bool] | None:
+        """The run and whether it needs driving, in one read (for waiters)."""
+        async with self.read() as tx:
+            row = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        return (Run.model_validate(_dec(row)), bool(row["needs_drive"])) if row else None
 
     async def list_runs(
         self,
@@ -178,7 +181,7 @@ class RunStore(
             created, run_id = decode_cursor(cursor)
             where.append("(created_at < ? OR (created_at = ? AND run_id < ?))")
             params += [created, created, run_id]
-        async with self.tx() as tx:
+        async with self.read() as tx:
             rows = await tx.fetchall(
                 f"SELECT * FROM runs WHERE {' AND '.join(where)} "
                 "ORDER BY created_at DESC, run_id DESC LIMIT ?",
@@ -204,12 +207,12 @@ class RunStore(
         ``fields`` (step_index, usage, pending_approval, result, outcome) are
         written with it. ``expect`` guards against a state that moved meanwhile.
         """
-        appended: list[tuple[str, int]] = []
+        if expect is not None and (expect, trigger) in TRANSITIONS:
+            done = await self._transition_at_once(run_id, trigger, expect, events, fields)
+            if done is not None:
+                return Run.model_validate(_dec(done))
         async with self.tx() as tx:
-            await self._transition(tx, run_id, trigger, expect, events, fields, appended)
-            updated = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
-        self._notify(appended)
-        assert updated is not None
+            updated = await self._transition(tx, run_id, trigger, expect, events, fields)
         return Run.model_validate(_dec(updated))
 
     async def park(self, run_id: str, approval_id: str, expect: State, **fields: Any) -> Run | None:
@@ -219,7 +222,6 @@ class RunStore(
         decide_approval, so a decision cannot slip between the check and the park
         and be lost. Returns None when the approval is decided: resume instead.
         """
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
             approval = await tx.fetchone(
                 f"SELECT status FROM approvals WHERE approval_id = ?{self.for_update}",
@@ -231,11 +233,8 @@ class RunStore(
             if current is not None and current["state"] == State.WAITING_HUMAN.value:
                 await self._update_run(tx, run_id, needs_drive=0, **fields)
             else:
-                await self._transition(
-                    tx, run_id, Trigger.NEED_APPROVAL, expect, (), fields, appended
-                )
+                await self._transition(tx, run_id, Trigger.NEED_APPROVAL, expect, (), fields)
             updated = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
-        self._notify(appended)
         return Run.model_validate(_dec(updated)) if updated else None
 
     async def update_run(self, run_id: str, **fields: Any) -> None:
@@ -255,7 +254,7 @@ class RunStore(
 
     async def cancel_requested(self, run_id: str) -> tuple[str, bool] | None:
         """(reason, compensate) if a cancel was asked for."""
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone("SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,))
         if row is None or row["cancel_requested"] is None:
             return None
@@ -265,14 +264,12 @@ class RunStore(
     async def append_event(
         self, run_id: str, type_: EventType, data: dict[str, Any], dedupe_key: str | None = None
     ) -> int | None:
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
-            seq = await self._append(tx, run_id, type_, data, appended, dedupe_key)
-        self._notify(appended)
+            seq = await self._append(tx, run_id, type_, data, dedupe_key)
         return seq
 
     async def list_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[Event]:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             rows = await tx.fetchall(
                 "SELECT run_id, seq, type, ts, data FROM events WHERE run_id = ? AND seq > ? "
                 "ORDER BY seq LIMIT ?",
@@ -283,18 +280,27 @@ class RunStore(
     # -- steps ----------------------------------------------------------------
 
     async def get_step(self, run_id: str, step_index: int) -> Step | None:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone(
                 "SELECT * FROM steps WHERE run_id = ? AND step_index = ?", (run_id, step_index)
             )
         return Step.model_validate({**_dec(row), "run_id": run_id}) if row else None
 
+    async def count_steps(self, run_id: str) -> int:
+        """One past the highest step the run has recorded (0: none)."""
+        async with self.read() as tx:
+            row = await tx.fetchone(
+                "SELECT MAX(step_index) AS last FROM steps WHERE run_id = ?", (run_id,)
+            )
+        last = (row or {}).get("last")
+        return 0 if last is None else int(last) + 1
+
     async def record_step(self, step: Step) -> Step:
         """Insert the step's decision once; a replayed planner gets the first decision back."""
         async with self.tx() as tx:
-            await tx.execute(
+            inserted = await tx.fetchone(
                 "INSERT INTO steps (run_id, step_index, decision, started_at, ended_at) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING step_index",
                 (
                     step.run_id,
                     step.step_index,
@@ -303,12 +309,14 @@ class RunStore(
                     _enc(step.ended_at),
                 ),
             )
+        if inserted is not None:
+            return step
         stored = await self.get_step(step.run_id, step.step_index)
         assert stored is not None
         return stored
 
     async def list_steps(self, run_id: str) -> list[Step]:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             rows = await tx.fetchall(
                 "SELECT * FROM steps WHERE run_id = ? ORDER BY step_index", (run_id,)
             )

@@ -106,8 +106,77 @@ class LeaseLost(Exception):
     """This worker's lease on the run was taken over: it must stop writing to the run."""
 
 
+def _transition_changes(
+    current: State,
+    target: State,
+    trigger: Trigger,
+    events: Sequence[tuple[EventType, dict[str, Any]]],
+    fields: dict[str, Any],
+) -> tuple[dict[str, Any], list[tuple[EventType, dict[str, Any]]]]:
+    """The run columns a transition writes and the events it appends, state event last."""
+    if target in (State.SUCCEEDED, State.FAILED):
+        fields = {**fields, "ended_at": utcnow(), "needs_drive": 0}
+    elif target is State.WAITING_HUMAN:
+        # Parked: nothing to drive until a human decides (decide_approval sets it again).
+        fields = {**fields, "needs_drive": 0}
+    state_event = {"from": current.value, "to": target.value, "trigger": trigger.value}
+    return (
+        {**fields, "state": target, "updated_at": _ts()},
+        [*events, (EventType.STATE, state_event)],
+    )
+
+
+def _plain_read(sql: str) -> bool:
+    head = sql.lstrip()[:6].upper()
+    return head == "SELECT" and "FOR UPDATE" not in sql.upper()
+
+
+class StoreTx:
+    """One writing transaction of the store, around the dialect's connection.
+
+    The lease fence is checked lazily, just before the first statement that
+    writes or locks (so a transaction that turns out to only read pays nothing),
+    or folded into the statement that locks the run row (:meth:`StoreCore._lock_run`).
+    Either way the run row stays locked from the check to the commit, so a
+    takeover cannot slip in between. Events appended here are announced once per
+    run, with the last seq, when the transaction ends.
+    """
+
+    def __init__(self, store: StoreCore, inner: Tx, fence: tuple[str, int] | None) -> None:
+        self.store = store
+        self.inner = inner
+        self.fence = fence
+        self.appended: dict[str, int] = {}
+
+    def take_fence(self, run_id: str) -> int | None:
+        """The fencing token, if it is still to be checked and is on ``run_id``: the
+        caller checks it in its own statement on the run row."""
+        if self.fence is None or self.fence[0] != run_id:
+            return None
+        version = self.fence[1]
+        self.fence = None
+        return version
+
+    async def _guard(self, sql: str) -> None:
+        if self.fence is not None and not _plain_read(sql):
+            fence, self.fence = self.fence, None
+            await self.store._check_fence(self.inner, *fence)
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        await self._guard(sql)
+        await self.inner.execute(sql, params)
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        await self._guard(sql)
+        return await self.inner.fetchone(sql, params)
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        await self._guard(sql)
+        return await self.inner.fetchall(sql, params)
+
+
 class StoreCore(ABC):
-    """What every part of the store shares. Dialects provide :meth:`_tx`."""
+    """What every part of the store shares. Dialects provide :meth:`_tx` and :meth:`_read`."""
 
     dialect: str
     blob_type: str
@@ -125,15 +194,29 @@ class StoreCore(ABC):
     def _tx(self) -> AbstractAsyncContextManager[Tx]:
         """A transaction that commits on success and rolls back on error."""
 
+    @abstractmethod
+    def _read(self) -> AbstractAsyncContextManager[Tx]:
+        """A connection for single-statement reads: no transaction block, no fence."""
+
     @asynccontextmanager
-    async def tx(self) -> AsyncIterator[Tx]:
-        async with self._tx() as tx:
-            if self._fence is not None:
-                await self._check_fence(tx, *self._fence)
+    async def tx(self) -> AsyncIterator[StoreTx]:
+        async with self._tx() as inner:
+            tx = StoreTx(self, inner, self._fence)
             yield tx
+            for run_id, seq in tx.appended.items():
+                await self._announce(inner, EVENTS_CHANNEL, f"{run_id} {seq}")
+        self._notify(tx.appended)
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[Tx]:
+        """For methods that run one SELECT: a worker that lost its lease may still read
+        (what it reads cannot harm anyone: every write of it is fenced), and a single
+        statement is consistent by itself."""
+        async with self._read() as conn:
+            yield conn
 
     def fenced(self, run_id: str, lease_version: int) -> Self:
-        """A view of this store whose every transaction first checks the run's lease.
+        """A view of this store whose every writing transaction checks the run's lease.
 
         A worker that lost its lease (paused, partitioned) gets :class:`LeaseLost`
         instead of writing over the new owner; the check locks the run row, so it
@@ -156,6 +239,32 @@ class StoreCore(ABC):
         SQLite's BEGIN IMMEDIATE already serialises every writer; PostgreSQL overrides.
         """
 
+    async def _lock_run(self, tx: StoreTx, run_id: str, columns: str) -> Row | None:
+        """Lock the run row and read ``columns``, checking the fence in the same statement."""
+        version = tx.take_fence(run_id)
+        row = await tx.fetchone(
+            f"SELECT {columns}, lease_version FROM runs WHERE run_id = ?{self.for_update}",
+            (run_id,),
+        )
+        if version is not None and (row is None or int(row["lease_version"]) != version):
+            raise LeaseLost(f"lease {version} on {run_id} is no longer held")
+        return row
+
+    async def _transition_at_once(
+        self,
+        run_id: str,
+        trigger: Trigger,
+        expect: State,
+        events: Sequence[tuple[EventType, dict[str, Any]]],
+        fields: dict[str, Any],
+    ) -> Row | None:
+        """A transition from ``expect`` as one atomic statement, where the dialect can.
+
+        None: not done (unsupported, or the run is not in ``expect``, or the lease is
+        not ours); the caller takes the locking path, which says why.
+        """
+        return None
+
     async def _announce(self, tx: Tx, channel: str, payload: str) -> None:  # noqa: B027
         """Tell other processes, on commit (PostgreSQL NOTIFY); in-process only by default."""
 
@@ -166,7 +275,7 @@ class StoreCore(ABC):
     async def ping(self) -> None: ...
 
     def add_listener(self, listener: EventListener) -> None:
-        """Called with (run_id, seq) after a transaction that appended an event commits."""
+        """Called with (run_id, last seq) after a transaction that appended events commits."""
         self._listeners.append(listener)
 
     async def migrate(self) -> None:
@@ -181,18 +290,17 @@ class StoreCore(ABC):
                     await tx.execute(sql.format(blob=self.blob_type))
                 await tx.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
 
-    def _notify(self, appended: list[tuple[str, int]]) -> None:
-        for run_id, seq in appended:
+    def _notify(self, appended: dict[str, int]) -> None:
+        for run_id, seq in appended.items():
             for listener in self._listeners:
                 listener(run_id, seq)
 
     async def _append(
         self,
-        tx: Tx,
+        tx: StoreTx,
         run_id: str,
         type_: EventType,
         data: dict[str, Any],
-        out: list[tuple[str, int]],
         dedupe_key: str | None = None,
     ) -> int | None:
         """Append one event; with ``dedupe_key``, only if no event of the run has that key."""
@@ -209,14 +317,28 @@ class StoreCore(ABC):
         if row is None:
             raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
         seq = int(row["last_seq"])
-        await tx.execute(
-            "INSERT INTO events (run_id, seq, type, ts, data, dedupe_key) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (run_id, seq, type_.value, _ts(), _enc(data), dedupe_key),
-        )
-        await self._announce(tx, EVENTS_CHANNEL, f"{run_id} {seq}")
-        out.append((run_id, seq))
+        await self._insert_events(tx, run_id, seq, [(type_, data)], dedupe_key)
         return seq
+
+    async def _insert_events(
+        self,
+        tx: StoreTx,
+        run_id: str,
+        last_seq: int,
+        events: Sequence[tuple[EventType, dict[str, Any]]],
+        dedupe_key: str | None = None,
+    ) -> None:
+        """Insert ``events`` as the run's seqs up to ``last_seq`` (already counted in runs)."""
+        first = last_seq - len(events) + 1
+        ts = _ts()
+        params: list[Any] = []
+        for offset, (type_, data) in enumerate(events):
+            params += [run_id, first + offset, type_.value, ts, _enc(data), dedupe_key]
+        marks = ", ".join("(?, ?, ?, ?, ?, ?)" for _ in events)
+        await tx.execute(
+            f"INSERT INTO events (run_id, seq, type, ts, data, dedupe_key) VALUES {marks}", params
+        )
+        tx.appended[run_id] = max(last_seq, tx.appended.get(run_id, 0))
 
     async def _insert_once(self, tx: Tx, table: str, key: str, data: dict[str, Any]) -> bool:
         """Insert a row unless its key exists; True if this call inserted it.
@@ -242,17 +364,16 @@ class StoreCore(ABC):
 
     async def _transition(
         self,
-        tx: Tx,
+        tx: StoreTx,
         run_id: str,
         trigger: Trigger,
         expect: State | None,
         events: Sequence[tuple[EventType, dict[str, Any]]],
         fields: dict[str, Any],
-        appended: list[tuple[str, int]],
-    ) -> None:
-        row = await tx.fetchone(
-            f"SELECT state FROM runs WHERE run_id = ?{self.for_update}", (run_id,)
-        )
+    ) -> Row:
+        """Fire ``trigger``: one locked read of the run, one update that also counts the
+        events' seqs and returns the new row, one insert of the events."""
+        row = await self._lock_run(tx, run_id, "state")
         if row is None:
             raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
         current = State(row["state"])
@@ -261,18 +382,12 @@ class StoreCore(ABC):
                 Code.RUN_STATE_CONFLICT, f"run is {current.value}, not {expect.value}"
             )
         target = transition(current, trigger)
-        for type_, data in events:
-            await self._append(tx, run_id, type_, data, appended)
-        if target in (State.SUCCEEDED, State.FAILED):
-            fields = {**fields, "ended_at": utcnow(), "needs_drive": 0}
-        elif target is State.WAITING_HUMAN:
-            # Parked: nothing to drive until a human decides (decide_approval sets it again).
-            fields = {**fields, "needs_drive": 0}
-        await self._update_run(tx, run_id, state=target, **fields)
-        await self._append(
-            tx,
-            run_id,
-            EventType.STATE,
-            {"from": current.value, "to": target.value, "trigger": trigger.value},
-            appended,
+        fields, all_events = _transition_changes(current, target, trigger, events, fields)
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        updated = await tx.fetchone(
+            f"UPDATE runs SET {sets}, last_seq = last_seq + ? WHERE run_id = ? RETURNING *",
+            [*(_enc(v) for v in fields.values()), len(all_events), run_id],
         )
+        assert updated is not None, "the run row is locked"
+        await self._insert_events(tx, run_id, int(updated["last_seq"]), all_events)
+        return updated

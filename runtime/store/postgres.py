@@ -12,7 +12,11 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from runtime.store.base import Row, RunStore, Tx
+from runtime.events import EventType
+from runtime.lifecycle import TRANSITIONS, State, Trigger
+from runtime.store.base import Row, Tx
+from runtime.store.core import EVENTS_CHANNEL, _enc, _transition_changes, _ts
+from runtime.store.pg_once import PgSingleStatements
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +98,7 @@ async def advisory_lock(
             await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
-class PostgresRunStore(RunStore):
+class PostgresRunStore(PgSingleStatements):
     dialect = "postgres"
     blob_type = "BYTEA"
     for_update = " FOR UPDATE"
@@ -116,6 +120,63 @@ class PostgresRunStore(RunStore):
     async def _tx(self) -> AsyncIterator[_PgTx]:
         async with self.pool.connection() as conn, conn.transaction():
             yield _PgTx(conn)
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[_PgTx]:
+        # Autocommit: one SELECT is one round trip, without BEGIN and COMMIT around it.
+        async with self.pool.connection() as conn:
+            yield _PgTx(conn)
+
+    async def _transition_at_once(
+        self,
+        run_id: str,
+        trigger: Trigger,
+        expect: State,
+        events: Sequence[tuple[EventType, dict[str, Any]]],
+        fields: dict[str, Any],
+    ) -> Row | None:
+        # One statement in autocommit is atomic and holds the run row's lock until it
+        # commits: the compare-and-set on state (and on the lease, for a fenced view),
+        # the events' seqs, their insert and the NOTIFY in one round trip instead of
+        # BEGIN, lock, update, insert, notify, COMMIT.
+        if self._fence is not None and self._fence[0] != run_id:
+            return None
+        target = TRANSITIONS[(expect, trigger)]
+        fields, all_events = _transition_changes(expect, target, trigger, events, fields)
+        sets = ", ".join(f"{k} = %s" for k in fields)
+        params: list[Any] = [
+            *(_enc(v) for v in fields.values()),
+            len(all_events),
+            run_id,
+            expect.value,
+        ]
+        fence = ""
+        if self._fence is not None:
+            fence = " AND lease_version = %s"
+            params.append(self._fence[1])
+        params.append(len(all_events))
+        ts = _ts()
+        rows = []
+        for ordinal, (type_, data) in enumerate(all_events, start=1):
+            rows.append(f"({ordinal}, %s, %s, %s)")
+            params += [type_.value, ts, _enc(data)]
+        params.append(EVENTS_CHANNEL)
+        query = (
+            f"WITH r AS (UPDATE runs SET {sets}, last_seq = last_seq + %s "
+            f"WHERE run_id = %s AND state = %s{fence} RETURNING *), "
+            "e AS (INSERT INTO events (run_id, seq, type, ts, data) "
+            "SELECT r.run_id, r.last_seq - %s + v.ord, v.type, v.ts, v.data "
+            f"FROM r, (VALUES {', '.join(rows)}) AS v (ord, type, ts, data)) "
+            "SELECT r.*, pg_notify(%s, r.run_id || ' ' || r.last_seq)::text AS _notified FROM r"
+        )
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(query, params)
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        row.pop("_notified", None)
+        self._notify({run_id: int(row["last_seq"])})
+        return row
 
     async def _announce(self, tx: Tx, channel: str, payload: str) -> None:
         await tx.execute("SELECT pg_notify(?, ?)", (channel, payload))

@@ -51,8 +51,11 @@ class SqliteRunStore(RunStore):
         conn.row_factory = aiosqlite.Row
         await conn.execute("PRAGMA journal_mode=WAL")
         await conn.execute("PRAGMA busy_timeout=10000")
-        # WAL + NORMAL survives a process crash (SIGKILL) without losing commits.
-        await conn.execute("PRAGMA synchronous=NORMAL")
+        # FULL, not NORMAL: in WAL mode NORMAL skips the fsync at commit, so a power
+        # loss can roll back commits that were already acted on (a ledger row claimed
+        # before its side effect ran would vanish, and the effect would run again).
+        # The cost is one fsync per transaction, which is why the store batches writes.
+        await conn.execute("PRAGMA synchronous=FULL")
         store = cls(conn)
         await store.migrate()
         return store
@@ -74,6 +77,14 @@ class SqliteRunStore(RunStore):
             except sqlite3.OperationalError:
                 await asyncio.shield(self._rollback())
                 raise
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[_SqliteTx]:
+        # No BEGIN: a lone SELECT is its own read transaction and does not take the
+        # write lock the checkpointer's connection needs. The lock still keeps it out
+        # of another coroutine's open transaction on this connection.
+        async with self._lock:
+            yield _SqliteTx(self._conn)
 
     async def _rollback(self) -> None:
         try:

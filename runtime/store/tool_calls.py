@@ -17,7 +17,7 @@ class ToolCallQueries(StoreCore):
     # -- the tool-call ledger -------------------------------------------------
 
     async def get_tool_call(self, tool_call_id: str) -> ToolCall | None:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             row = await tx.fetchone(
                 "SELECT * FROM tool_calls WHERE tool_call_id = ?", (tool_call_id,)
             )
@@ -29,18 +29,45 @@ class ToolCallQueries(StoreCore):
         If the row exists already, nothing is written and the existing row is returned:
         the caller must look at its status before executing anything.
         """
-        appended: list[tuple[str, int]] = []
         async with self.tx() as tx:
             if await self._insert_once(
                 tx, "tool_calls", "tool_call_id", call.model_dump(mode="json")
             ):
-                await self._append(tx, call.run_id, EventType.ACTION, action, appended)
+                await self._append(tx, call.run_id, EventType.ACTION, action)
             row = await tx.fetchone(
                 "SELECT * FROM tool_calls WHERE tool_call_id = ?", (call.tool_call_id,)
             )
-        self._notify(appended)
         assert row is not None
         return ToolCall.model_validate(_dec(row))
+
+    async def start_tool_call(
+        self, call: ToolCall, action: dict[str, Any]
+    ) -> tuple[ToolCall, bool]:
+        """:meth:`begin_tool_call` and :meth:`claim_tool_call` in one transaction.
+
+        A new row is inserted with its first attempt already counted, with its
+        action event: the insert is the compare-and-set (only one driver can insert
+        a key), and the commit makes the claim durable before the handler starts.
+        Returns (row, True) then; (existing row, False) if the row was there, and
+        the caller goes through the checks and the claim of an existing row.
+        """
+        values = {**call.model_dump(mode="json"), "attempts": call.attempts + 1}
+        cols = list(values)
+        async with self.tx() as tx:
+            row = await tx.fetchone(
+                f"INSERT INTO tool_calls ({', '.join(cols)}) "
+                f"VALUES ({', '.join('?' for _ in cols)}) ON CONFLICT DO NOTHING RETURNING *",
+                [_enc(values[c]) for c in cols],
+            )
+            claimed = row is not None
+            if claimed:
+                await self._append(tx, call.run_id, EventType.ACTION, action)
+            else:
+                row = await tx.fetchone(
+                    "SELECT * FROM tool_calls WHERE tool_call_id = ?", (call.tool_call_id,)
+                )
+        assert row is not None
+        return ToolCall.model_validate(_dec(row)), claimed
 
     async def update_tool_call(
         self,
@@ -51,28 +78,22 @@ class ToolCallQueries(StoreCore):
         **fields: Any,
     ) -> ToolCall:
         """Move a ledger row on (compare-and-set on its status), with its result event."""
-        appended: list[tuple[str, int]] = []
+        fields["updated_at"] = _ts()
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        statuses = ", ".join("?" for _ in from_status)
         async with self.tx() as tx:
             row = await tx.fetchone(
-                f"SELECT * FROM tool_calls WHERE tool_call_id = ?{self.for_update}",
-                (tool_call_id,),
+                f"UPDATE tool_calls SET {sets} WHERE tool_call_id = ? "
+                f"AND status IN ({statuses}) RETURNING *",
+                [*(_enc(v) for v in fields.values()), tool_call_id, *from_status],
             )
-            if row is None:
+            if row is not None and result is not None:
+                await self._append(tx, row["run_id"], EventType.RESULT, result)
+        if row is None:
+            current = await self.get_tool_call(tool_call_id)
+            if current is None:
                 raise RuntimeProblem(Code.NOT_FOUND, f"tool call {tool_call_id} not found")
-            if row["status"] in from_status:
-                fields["updated_at"] = _ts()
-                sets = ", ".join(f"{k} = ?" for k in fields)
-                await tx.execute(
-                    f"UPDATE tool_calls SET {sets} WHERE tool_call_id = ?",
-                    [*(_enc(v) for v in fields.values()), tool_call_id],
-                )
-                if result is not None:
-                    await self._append(tx, row["run_id"], EventType.RESULT, result, appended)
-                row = await tx.fetchone(
-                    "SELECT * FROM tool_calls WHERE tool_call_id = ?", (tool_call_id,)
-                )
-        self._notify(appended)
-        assert row is not None
+            return current
         return ToolCall.model_validate(_dec(row))
 
     async def claim_tool_call(self, tool_call_id: str, seen_attempts: int) -> ToolCall | None:
@@ -120,7 +141,7 @@ class ToolCallQueries(StoreCore):
             )
 
     async def list_tool_calls(self, run_id: str) -> list[ToolCall]:
-        async with self.tx() as tx:
+        async with self.read() as tx:
             rows = await tx.fetchall(
                 "SELECT * FROM tool_calls WHERE run_id = ? ORDER BY step_index, call_index",
                 (run_id,),

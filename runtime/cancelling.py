@@ -1,0 +1,67 @@
+"""Ending a cancelled run: close its running calls, compensate if asked, record why.
+
+Split from the engine, which calls it from whichever drive holds the run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from runtime.adapter import fail_run, side_effects
+from runtime.errors import Code
+from runtime.ledger import StoreArtifacts
+from runtime.lifecycle import TERMINAL
+from runtime.model import Run
+from runtime.store.base import RunStore
+from runtime.tooling import ToolContext, ToolResolver
+
+log = logging.getLogger(__name__)
+
+ToolsOf = Callable[[str], ToolResolver]
+"""agent_id → the tools of that agent."""
+
+
+async def finish_cancel(
+    store: RunStore, tools_of: ToolsOf, run_id: str, reason: str, compensate: bool
+) -> None:
+    run = await store.get_run(run_id)
+    if run is None or run.state in TERMINAL:
+        return
+    await store.interrupt_running_calls(run_id, Code.RUN_CANCELLED, "cancelled while running")
+    compensated = (
+        await compensate_effects(store, tools_of(run.agent_id), run) if compensate else None
+    )
+    await fail_run(
+        store, run_id, Code.RUN_CANCELLED, reason or "cancelled", compensations=compensated
+    )
+
+
+async def compensate_effects(store: RunStore, tools: ToolResolver, run: Run) -> list[str]:
+    """Run each declared compensation of a side effect that happened, at most once."""
+    _, already = await side_effects(store, run.run_id)
+    done = list(already)
+    for row in await store.list_tool_calls(run.run_id):
+        spec = tools.resolve(row.tool, row.version)
+        if row.compensated or row.status != "succeeded" or not row.side_effect:
+            continue
+        if spec is None or spec.compensate is None:
+            continue
+        if not await store.claim_compensation(row.tool_call_id):
+            continue
+        tctx = ToolContext(
+            run_id=run.run_id,
+            tool_call_id=row.tool_call_id,
+            idempotency_key=row.idempotency_key,
+            context=run.context,
+            artifacts=StoreArtifacts(store, run.run_id),
+        )
+        try:
+            await spec.compensate(spec.args_model.model_validate(row.args), row.output, tctx)
+        except Exception:
+            log.exception("compensation of %s failed", row.tool_call_id)
+            await store.release_compensation(row.tool_call_id, done=False)
+            continue
+        await store.release_compensation(row.tool_call_id, done=True)
+        done.append(row.tool_call_id)
+    return done

@@ -1,0 +1,171 @@
+"""PostgreSQL: a driver's hot writes as single statements, fence included.
+
+A fenced write used to be BEGIN, a locking read of the run row (the fence), the
+write, the event's seq, its insert, NOTIFY and COMMIT: seven round trips. Here
+each is one autocommit statement whose first CTE locks the run row where the
+lease version is ours; every later CTE reads from it, so a stale worker's
+statement changes nothing, and the lock is held until the statement commits,
+as the fence of a transaction was. The unfenced calls (server side, tests)
+keep the transaction path of :class:`RunStore`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
+from psycopg_pool import AsyncConnectionPool
+
+from runtime.errors import Code, RuntimeProblem
+from runtime.events import EventType
+from runtime.model import Step, ToolCall
+from runtime.store.base import RunStore
+from runtime.store.core import EVENTS_CHANNEL, LeaseLost, Row, _dec, _enc, _ts
+
+_FENCE = "f AS (SELECT run_id FROM runs WHERE run_id = %s AND lease_version = %s FOR UPDATE)"
+
+
+def _event_ctes(source: str) -> str:
+    """CTEs appending one event for each row of ``source`` (0 or 1 row), with its seq."""
+    return (
+        "r AS (UPDATE runs SET last_seq = last_seq + 1 "
+        f"WHERE run_id IN (SELECT run_id FROM {source}) RETURNING run_id, last_seq), "
+        "e AS (INSERT INTO events (run_id, seq, type, ts, data) "
+        "SELECT run_id, last_seq, %s, %s, %s FROM r)"
+    )
+
+
+def _event_params(type_: EventType, data: dict[str, Any]) -> list[Any]:
+    return [type_.value, _ts(), _enc(data)]
+
+
+def _result_select(source: str) -> str:
+    """The statement's answer: fence held?, the event's seq, and the row of ``source``."""
+    return (
+        "SELECT (SELECT count(*) FROM f) AS _fenced, (SELECT last_seq FROM r) AS _seq, "
+        "(SELECT pg_notify(%s, run_id || ' ' || last_seq)::text FROM r) AS _notified, "
+        f"{source}.* FROM (SELECT 1) AS _one LEFT JOIN {source} ON true"
+    )
+
+
+class PgSingleStatements(RunStore):
+    """Mixed into the PostgreSQL store before :class:`RunStore`."""
+
+    pool: AsyncConnectionPool[AsyncConnection[DictRow]]
+
+    async def _once(self, query: str, params: list[Any]) -> Row:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(query, params)
+            row = await cur.fetchone()
+        assert row is not None, "the final SELECT always returns one row"
+        return dict(row)
+
+    def _fence_of(self, run_id: str) -> int | None:
+        if self._fence is None or self._fence[0] != run_id:
+            return None
+        return self._fence[1]
+
+    def _check(self, row: Row, run_id: str, version: int) -> None:
+        if not row.pop("_fenced"):
+            raise LeaseLost(f"lease {version} on {run_id} is no longer held")
+        seq = row.pop("_seq", None)
+        row.pop("_notified", None)
+        if seq is not None:
+            self._notify({run_id: int(seq)})
+
+    async def record_step(self, step: Step) -> Step:
+        version = self._fence_of(step.run_id)
+        if version is None:
+            return await super().record_step(step)
+        row = await self._once(
+            f"WITH {_FENCE}, ins AS (INSERT INTO steps "
+            "(run_id, step_index, decision, started_at, ended_at) "
+            "SELECT %s, %s, %s, %s, %s FROM f ON CONFLICT DO NOTHING RETURNING step_index) "
+            "SELECT (SELECT count(*) FROM f) AS _fenced, (SELECT count(*) FROM ins) AS inserted",
+            [
+                step.run_id,
+                version,
+                step.run_id,
+                step.step_index,
+                _enc(step.decision),
+                _enc(step.started_at),
+                _enc(step.ended_at),
+            ],
+        )
+        self._check(row, step.run_id, version)
+        if row["inserted"]:
+            return step
+        stored = await self.get_step(step.run_id, step.step_index)
+        assert stored is not None
+        return stored
+
+    async def start_tool_call(
+        self, call: ToolCall, action: dict[str, Any]
+    ) -> tuple[ToolCall, bool]:
+        version = self._fence_of(call.run_id)
+        if version is None:
+            return await super().start_tool_call(call, action)
+        values = {**call.model_dump(mode="json"), "attempts": call.attempts + 1}
+        cols = list(values)
+        row = await self._once(
+            f"WITH {_FENCE}, ins AS (INSERT INTO tool_calls ({', '.join(cols)}) "
+            f"SELECT {', '.join('%s' for _ in cols)} FROM f "
+            f"ON CONFLICT DO NOTHING RETURNING *), {_event_ctes('ins')} " + _result_select("ins"),
+            [
+                call.run_id,
+                version,
+                *(_enc(values[c]) for c in cols),
+                *_event_params(EventType.ACTION, action),
+                EVENTS_CHANNEL,
+            ],
+        )
+        self._check(row, call.run_id, version)
+        if row.get("tool_call_id") is not None:
+            return ToolCall.model_validate(_dec(row)), True
+        existing = await self.get_tool_call(call.tool_call_id)
+        assert existing is not None
+        return existing, False
+
+    async def update_tool_call(
+        self,
+        tool_call_id: str,
+        *,
+        result: dict[str, Any] | None = None,
+        from_status: Any = ("running",),
+        **fields: Any,
+    ) -> ToolCall:
+        if self._fence is None or result is None:
+            return await super().update_tool_call(
+                tool_call_id, result=result, from_status=from_status, **fields
+            )
+        run_id, version = self._fence
+        fields["updated_at"] = _ts()
+        sets = ", ".join(f"{k} = %s" for k in fields)
+        statuses = ", ".join("%s" for _ in from_status)
+        row = await self._once(
+            f"WITH {_FENCE}, u AS (UPDATE tool_calls SET {sets} WHERE tool_call_id = %s "
+            f"AND run_id IN (SELECT run_id FROM f) AND status IN ({statuses}) RETURNING *), "
+            f"{_event_ctes('u')} " + _result_select("u"),
+            [
+                run_id,
+                version,
+                *(_enc(v) for v in fields.values()),
+                tool_call_id,
+                *from_status,
+                *_event_params(EventType.RESULT, result),
+                EVENTS_CHANNEL,
+            ],
+        )
+        self._check(row, run_id, version)
+        if row.get("tool_call_id") is not None:
+            return ToolCall.model_validate(_dec(row))
+        current = await self.get_tool_call(tool_call_id)
+        if current is None:
+            raise RuntimeProblem(Code.NOT_FOUND, f"tool call {tool_call_id} not found")
+        if current.run_id != run_id:  # not this view's run: no fence of ours applies
+            fields.pop("updated_at")
+            return await super().update_tool_call(
+                tool_call_id, result=result, from_status=from_status, **fields
+            )
+        return current

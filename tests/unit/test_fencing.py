@@ -1,0 +1,136 @@
+"""Fencing of the batched writes: a worker whose lease was taken over writes nothing.
+
+The store checks the fence inside the statement or transaction that writes (a
+transition's single statement on PostgreSQL, the first write of a transaction
+otherwise); these tests hold each kind of write to it, on both dialects.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.events import EventType
+from runtime.lifecycle import State, Trigger
+from runtime.model import Decision, Step, ToolCall, utcnow
+from runtime.store.base import LeaseLost, RunStore
+from tests.unit.conftest import MakeRun
+
+
+def store_of(backend: object) -> RunStore:
+    return backend.store  # type: ignore[attr-defined,no-any-return]
+
+
+def ledger_row(run_id: str) -> ToolCall:
+    now = utcnow()
+    return ToolCall(
+        tool_call_id=f"{run_id}-s0-c0",
+        run_id=run_id,
+        step_index=0,
+        call_index=0,
+        tool="noop",
+        version="1",
+        args={},
+        args_hash="h",
+        status="running",
+        idempotency_key=f"idem-{run_id}",
+        attempts=0,
+        side_effect=True,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+async def stale_and_current(store: RunStore, run_id: str) -> tuple[RunStore, RunStore]:
+    first = await store.take_lease(run_id, "w1", 30.0)
+    second = await store.take_lease(run_id, "w1", 30.0)  # a takeover bumps the version
+    assert first is not None and second == first + 1
+    return store.fenced(run_id, first), store.fenced(run_id, second)
+
+
+async def test_a_stale_lease_writes_nothing(backend: object, make_run: MakeRun) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+    stale, current = await stale_and_current(store, run.run_id)
+    step = Step(
+        run_id=run.run_id,
+        step_index=0,
+        decision=Decision(kind="finish", answer="x"),
+        started_at=utcnow(),
+    )
+
+    with pytest.raises(LeaseLost):
+        await stale.transition(run.run_id, Trigger.START, expect=State.PENDING)
+    with pytest.raises(LeaseLost):
+        await stale.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+    with pytest.raises(LeaseLost):
+        await stale.record_step(step)
+    with pytest.raises(LeaseLost):
+        await stale.append_event(run.run_id, EventType.ERROR, {"m": "stale"})
+
+    after = await stale.get_run(run.run_id)  # reading is allowed
+    assert after is not None and after.state is State.PENDING
+    assert [e.seq for e in await store.list_events(run.run_id)] == [1]
+    assert await store.list_tool_calls(run.run_id) == []
+    assert await store.get_step(run.run_id, 0) is None
+
+    moved = await current.transition(run.run_id, Trigger.START, expect=State.PENDING)
+    row, claimed = await current.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+    assert moved.state is State.PLANNING
+    assert claimed and row.attempts == 1
+    for result in (None, {"status": "succeeded"}):
+        with pytest.raises(LeaseLost):
+            await stale.update_tool_call(row.tool_call_id, result=result, status="succeeded")
+    assert (await store.get_tool_call(row.tool_call_id)).status == "running"  # type: ignore[union-attr]
+    done = await current.update_tool_call(
+        row.tool_call_id, result={"status": "succeeded"}, status="succeeded", output={"ok": 1}
+    )
+    again = await current.update_tool_call(
+        row.tool_call_id, result={"status": "failed"}, status="failed"
+    )
+    assert done.status == again.status == "succeeded" and done.output == {"ok": 1}
+    events = await store.list_events(run.run_id)
+    assert [(e.seq, e.type) for e in events] == [
+        (1, "state"),
+        (2, "state"),
+        (3, "action"),
+        (4, "result"),
+    ]
+
+
+async def test_a_transition_from_another_state_is_refused(
+    backend: object, make_run: MakeRun
+) -> None:
+    from runtime.errors import Code, RuntimeProblem
+
+    store = store_of(backend)
+    run = await make_run(store)
+    seen: list[tuple[str, int]] = []
+    store.add_listener(lambda run_id, seq: seen.append((run_id, seq)))
+
+    with pytest.raises(RuntimeProblem) as info:
+        await store.transition(run.run_id, Trigger.NEXT_STEP, expect=State.EXECUTING)
+    assert info.value.code is Code.RUN_STATE_CONFLICT
+
+    done = await store.transition(
+        run.run_id,
+        Trigger.START,
+        expect=State.PENDING,
+        events=[(EventType.ERROR, {"m": "before"})],
+    )
+    events = await store.list_events(run.run_id)
+    assert done.state is State.PLANNING
+    assert [(e.seq, e.type) for e in events] == [(1, "state"), (2, "error"), (3, "state")]
+    assert events[2].data == {"from": "pending", "to": "planning", "trigger": "start"}
+    assert seen == [(run.run_id, 3)]  # one wake-up per transaction, with its last seq
+
+
+async def test_a_new_ledger_row_is_claimed_once(backend: object, make_run: MakeRun) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+
+    first, claimed_first = await store.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+    again, claimed_again = await store.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+
+    assert claimed_first and not claimed_again
+    assert first.attempts == again.attempts == 1
+    assert [e.type for e in await store.list_events(run.run_id)] == ["state", "action"]
