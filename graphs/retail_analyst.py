@@ -63,6 +63,6 @@ def build_agent(
             handoffs=[report_writer.subagent(tools)],
         ),
         tools=tools,
-        metadata={"planner": type(chosen).__name__, "handoffs": [report_writer.AGENT_ID]}
+        metadata={"planner": type(chosen).__name__}
         | ({"planner_model": planner_model} if planner is None and planner_model else {}),
     )
