@@ -215,3 +215,19 @@ async def test_report_writer_runs_on_its_own(api: Api) -> None:
     assert final["result"]["data"]["publish_status"] == "not_requested"
     assert final["result"]["artifacts"] == [final["result"]["data"]["report_artifact_id"]]
     assert handoffs(await api.events(run["run_id"])) == []
+
+
+async def test_cancel_inside_the_sub_agent_compensates_its_side_effects(api: Api) -> None:
+    run = await api.create(agent_id="delegator", input="slow_worker sleep 30")
+    run_id = run["run_id"]
+    await api.wait_event(run_id, lambda e: e["type"] == "action" and e["data"]["tool"] == "sleep")
+    resp = await api.client.post(
+        f"/runs/{run_id}/cancel", json={"reason": "stop", "compensate": True}
+    )
+    final = resp.json()
+    assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
+    calls = {c["tool"]: c for c in (await api.client.get(f"/runs/{run_id}/tool-calls")).json()}
+    counter_id = calls["counter"]["tool_call_id"]  # the sub-agent's side effect
+    assert final["outcome"]["side_effects"] == [counter_id]
+    assert final["outcome"]["compensations"] == [counter_id]
+    assert counter_lines(api.settings.data_dir) == [f"{counter_id} once", f"{counter_id} undo"]
