@@ -70,8 +70,8 @@ def make_planner_node(
                 return {"outcome": failed(Code.PLANNER_ERROR, repr(exc))}
             if decision.kind == "tool_calls" and not decision.tool_calls:
                 decision = Decision(kind="finish", summary="no tool calls proposed")
-            if agent_id:
-                decision = decision.model_copy(update={"agent_id": agent_id})
+            # Whose decision it is is the runtime's to say, not the planner's.
+            decision = decision.model_copy(update={"agent_id": agent_id})
             step = Step(
                 run_id=ctx.run_id,
                 step_index=step_index,

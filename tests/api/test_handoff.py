@@ -7,6 +7,7 @@ with its result. The stack is in the checkpoint; the trace and events show both 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tests.agents import counter_lines
@@ -206,8 +207,6 @@ async def test_report_writer_runs_on_its_own(api: Api) -> None:
         for c in (await api.client.get(f"/runs/{parked['run_id']}/tool-calls")).json()
         if c["tool"] == "query_sales"
     )
-    import json
-
     brief = {"title": "East", "question": "why?", "findings": findings, "publish": False}
     run = await api.create(agent_id="report_writer", input=json.dumps(brief))
     final = await api.settle(run["run_id"])
