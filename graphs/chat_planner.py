@@ -9,6 +9,10 @@ runtime saw and a ``ToolMessage`` per observation. The same view always gives th
 same messages. Only the structured decision and a short summary are kept: text
 the model sends beside its tool calls, and any reasoning blocks, are dropped.
 
+Agents the planner may hand off to are offered as ``handoff_to_<agent_id>`` tools
+(``task``, ``data``); a call to one, alone, is a ``handoff`` decision, and the
+sub-agent's result comes back as that tool's message.
+
 Model errors propagate; the planner node records them as ``PLANNER_ERROR``.
 """
 
@@ -23,8 +27,8 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.messages import ToolCall as LCToolCall
 
-from runtime.model import Decision, DecisionUsage, ProposedCall
-from runtime.planner import Observation, PlannerView
+from runtime.model import Decision, DecisionUsage, Handoff, ProposedCall
+from runtime.planner import Observation, PlannerView, handoff_tool
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an enterprise analyst agent. Answer the user's question with the tools "
@@ -54,6 +58,29 @@ def tool_schemas(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             },
         }
         for tool in tools
+    ]
+
+
+def handoff_schemas(agents: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One function tool per agent the planner may hand the run to."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": handoff_tool(agent["agent_id"]),
+                "description": f"Hand the task to {agent['agent_id']}, which works on it "
+                f"with its own tools and hands back its answer. {agent.get('description', '')}",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "task": {"type": "string", "description": "What it is to do."},
+                        "data": {"type": "object", "description": "Structured input for it."},
+                    },
+                    "required": ["task"],
+                },
+            },
+        }
+        for agent in agents
     ]
 
 
@@ -104,9 +131,12 @@ def build_messages(
     Observations do not hold the arguments of a call, so the rebuilt tool calls
     carry ``{}``; the tool messages carry what happened.
     """
+    task = view.input
+    if view.task_data is not None:
+        task += f"\n\nTask data: {_json(view.task_data)}"
     messages: list[BaseMessage] = [
         SystemMessage(content=system_prompt),
-        HumanMessage(content=f"{view.input}\n\n{context_note(view)}"),
+        HumanMessage(content=f"{task}\n\n{context_note(view)}"),
     ]
     for step in _steps(view.observations):
         calls = [o for o in step if o.tool_call_id]
@@ -170,6 +200,7 @@ def to_decision(
     message: AIMessage,
     tools: Sequence[dict[str, Any]] = (),
     cost_per_token: float = 0.0,
+    agents: Sequence[dict[str, Any]] = (),
 ) -> Decision:
     """The model's reply as a structured decision; its tool calls name the versions it saw."""
     tokens = _tokens(message)
@@ -180,6 +211,25 @@ def to_decision(
             for c in message.invalid_tool_calls
         )
         raise ModelOutputError(f"the model proposed tool calls that cannot be parsed: {bad}")
+    targets = {handoff_tool(a["agent_id"]): str(a["agent_id"]) for a in agents}
+    handoffs = [c for c in message.tool_calls if c["name"] in targets]
+    if handoffs:
+        if len(message.tool_calls) > 1:
+            # Control cannot go to another agent and stay here to run tools at once.
+            raise ModelOutputError("a handoff must be the reply's only tool call")
+        args = handoffs[0]["args"]
+        target = targets[handoffs[0]["name"]]
+        data = args.get("data")
+        return Decision(
+            kind="handoff",
+            summary=_clip(f"hand off to {target}: {args.get('task', '')}", SUMMARY_CHARS),
+            handoff=Handoff(
+                agent_id=target,
+                task=str(args.get("task") or "").strip() or "(no task given)",
+                data=data if isinstance(data, dict) else None,
+            ),
+            usage=usage,
+        )
     if message.tool_calls:
         versions = {t["name"]: t.get("version") for t in tools}
         calls = [
@@ -222,9 +272,9 @@ class ChatModelPlanner:
         return build_messages(view, self.system_prompt, self.max_observation_chars)
 
     async def next_step(self, view: PlannerView) -> Decision:
-        bound = self.model.bind_tools(tool_schemas(view.tools))
+        bound = self.model.bind_tools(tool_schemas(view.tools) + handoff_schemas(view.agents))
         reply = await bound.ainvoke(self.messages(view))
-        return to_decision(reply, view.tools, self.cost_per_token)
+        return to_decision(reply, view.tools, self.cost_per_token, view.agents)
 
 
 def init_chat_planner(model: str, **kwargs: Any) -> ChatModelPlanner:

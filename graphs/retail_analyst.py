@@ -1,6 +1,8 @@
 """The demo agent ``retail_analyst``: which SKUs drove last week's sales drop in a region.
 
-The runtime compiles ``build_agent(...).builder`` with its checkpointer;
+Its deterministic planner hands the report to ``report_writer`` (a sub-agent
+with its own tools, :mod:`graphs.report_writer`) and answers from what comes
+back. The runtime compiles ``build_agent(...).builder`` with its checkpointer;
 :mod:`graphs.studio` compiles the same builder without one for ``langgraph dev``.
 The planner is the deterministic :class:`RetailPlanner` unless another is given,
 or ``planner_model`` names a chat model (``AGENT_RUNTIME_PLANNER_MODEL``, e.g.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from graphs import report_writer
 from graphs.run_graph import build_run_graph
 from runtime.agent import AgentSpec
 from runtime.planner import Planner
@@ -32,7 +35,7 @@ RETAIL_PROMPT = (
 def make_planner(planner_model: str | None = None) -> Planner:
     """The deterministic planner, or a chat-model planner when a model is named."""
     if not planner_model:
-        return RetailPlanner()
+        return RetailPlanner(report_agent=report_writer.AGENT_ID)
     from graphs.chat_planner import DEFAULT_SYSTEM_PROMPT, init_chat_planner
 
     return init_chat_planner(
@@ -44,13 +47,21 @@ def build_agent(
     demo_db: Path, planner: Planner | None = None, *, planner_model: str | None = None
 ) -> AgentSpec:
     generate(demo_db)
+    # Its own tools include the report ones, so a chat-model planner (which does not
+    # hand off) can still write and publish; they are report_writer's very specs.
     tools = build_registry(demo_db)
     chosen = planner if planner is not None else make_planner(planner_model)
     return AgentSpec(
         agent_id=AGENT_ID,
-        description="Finds the SKUs behind a region's week-over-week sales drop, writes a "
-        "report and publishes it after approval.",
-        builder=build_run_graph(chosen, tools, DefaultPolicy()),
+        description="Finds the SKUs behind a region's week-over-week sales drop, has "
+        "report_writer write the report and publish it after approval.",
+        builder=build_run_graph(
+            chosen,
+            tools,
+            DefaultPolicy(),
+            agent_id=AGENT_ID,
+            handoffs=[report_writer.subagent(tools)],
+        ),
         tools=tools,
         metadata={"planner": type(chosen).__name__}
         | ({"planner_model": planner_model} if planner is None and planner_model else {}),

@@ -1,11 +1,15 @@
 """The run graph: planner → guard → (approval) → executor → planner … → finish.
 
-``build_run_graph`` returns an uncompiled builder: the engine compiles it with
-its checkpointer, tests with theirs, and ``langgraph dev`` with none.
+A ``handoff`` decision goes planner → handoff → planner, now the sub-agent's; a
+sub-agent's ``finish`` goes planner → handback → planner, the caller's again
+(:mod:`nodes.handoff`). ``build_run_graph`` returns an uncompiled builder: the
+engine compiles it with its checkpointer, tests with theirs, and ``langgraph dev``
+with none.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from langgraph.graph import START, StateGraph
@@ -14,7 +18,9 @@ from nodes.approval import make_approval_node
 from nodes.executor import make_executor_node
 from nodes.finish import make_finish_node
 from nodes.guard import make_guard_node
+from nodes.handoff import ROOT, dispatch, make_handback_node, make_handoff_node
 from nodes.planner import make_planner_node
+from runtime.agent import SubAgent
 from runtime.context import Context
 from runtime.planner import Planner
 from runtime.policy import Policy
@@ -24,11 +30,15 @@ from runtime.tooling import ToolResolver
 RunGraphBuilder = StateGraph[RunState, Context, InputState, RunState]
 
 
-def route_after_planner(state: RunState) -> Literal["guard", "finish", "__end__"]:
+def route_after_planner(
+    state: RunState,
+) -> Literal["guard", "finish", "handoff", "handback", "__end__"]:
     if state.get("outcome"):
         return "__end__"
-    decision = state.get("decision") or {}
-    return "finish" if decision.get("kind") == "finish" else "guard"
+    kind = (state.get("decision") or {}).get("kind")
+    if kind == "finish":
+        return "handback" if state.get("handoff_stack") else "finish"
+    return "handoff" if kind == "handoff" else "guard"
 
 
 def route_after_guard(state: RunState) -> Literal["approval", "executor", "planner", "__end__"]:
@@ -57,17 +67,75 @@ def route_after_finish(state: RunState) -> Literal["planner", "__end__"]:
     return "__end__" if state.get("outcome") else "planner"
 
 
-def build_run_graph(planner: Planner, tools: ToolResolver, policy: Policy) -> RunGraphBuilder:
+def route_after_handoff(state: RunState) -> Literal["planner", "__end__"]:
+    return "__end__" if state.get("outcome") else "planner"
+
+
+def hosted_agents(root: SubAgent) -> dict[str, SubAgent]:
+    """Every agent reachable by handoff from ``root``, by id (root included)."""
+    found: dict[str, SubAgent] = {}
+    pending = [root]
+    while pending:
+        agent = pending.pop()
+        known = found.get(agent.agent_id)
+        if known is agent:
+            continue  # agents may hand off to each other: visit each once
+        if known is not None:
+            raise ValueError(f"two different agents are called {agent.agent_id!r}")
+        found[agent.agent_id] = agent
+        pending.extend(agent.handoffs)
+    return found
+
+
+def build_run_graph(
+    planner: Planner,
+    tools: ToolResolver,
+    policy: Policy,
+    *,
+    agent_id: str | None = None,
+    handoffs: Sequence[SubAgent] = (),
+) -> RunGraphBuilder:
+    """``handoffs``: the sub-agents ``planner`` may hand the run to (and theirs, in turn)."""
+    root = agent_id or ROOT
+    agents = hosted_agents(SubAgent(root, "", planner, tools, policy, handoffs=tuple(handoffs)))
     builder: RunGraphBuilder = StateGraph(RunState, context_schema=Context, input_schema=InputState)
-    builder.add_node("planner", make_planner_node(planner, tools))
-    builder.add_node("guard", make_guard_node(tools, policy))
-    builder.add_node("approval", make_approval_node(tools))
-    builder.add_node("executor", make_executor_node(tools))
+    builder.add_node(
+        "planner",
+        dispatch(
+            {
+                a.agent_id: make_planner_node(
+                    a.planner,
+                    a.tools,
+                    agent_id=a.agent_id or None,
+                    agents=[t.describe() for t in a.handoffs],
+                )
+                for a in agents.values()
+            },
+            root,
+        ),
+    )
+    builder.add_node(
+        "guard",
+        dispatch({a.agent_id: make_guard_node(a.tools, a.policy) for a in agents.values()}, root),
+    )
+    builder.add_node(
+        "approval",
+        dispatch({a.agent_id: make_approval_node(a.tools) for a in agents.values()}, root),
+    )
+    builder.add_node(
+        "executor",
+        dispatch({a.agent_id: make_executor_node(a.tools) for a in agents.values()}, root),
+    )
     builder.add_node("finish", make_finish_node())
+    targets = {a.agent_id: {t.agent_id for t in a.handoffs} for a in agents.values()}
+    builder.add_node("handoff", make_handoff_node(targets, root))
+    builder.add_node("handback", make_handback_node())
     builder.add_edge(START, "planner")
     builder.add_conditional_edges("planner", route_after_planner)
     builder.add_conditional_edges("guard", route_after_guard)
     builder.add_conditional_edges("approval", route_after_approval)
     builder.add_conditional_edges("executor", route_after_executor)
     builder.add_conditional_edges("finish", route_after_finish)
+    builder.add_conditional_edges("handoff", route_after_handoff)
+    builder.add_edge("handback", "planner")
     return builder

@@ -15,11 +15,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from graphs import report_writer as _report_writer
 from graphs.retail_analyst import AGENT_ID, build_agent
 
 _data_dir = Path(os.environ.get("AGENT_RUNTIME_DATA_DIR", ".agent-runtime"))
 _demo_db = Path(os.environ.get("AGENT_RUNTIME_DEMO_DB_PATH", _data_dir / "retail.db"))
 
-_builder = build_agent(_demo_db).builder
+_agent = build_agent(_demo_db)
+_builder = _agent.builder
 _builder.context_schema = None
 retail_analyst = _builder.compile(name=AGENT_ID)
+
+# The sub-agent retail_analyst hands its reports to, on its own (input: a JSON brief).
+_writer_builder = _report_writer.build_agent(_agent.tools).builder
+_writer_builder.context_schema = None
+report_writer = _writer_builder.compile(name=_report_writer.AGENT_ID)

@@ -7,6 +7,7 @@ than asking the planner (an LLM may answer differently the second time).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from langgraph.runtime import Runtime
@@ -23,7 +24,16 @@ from runtime.tooling import ToolResolver
 NodeFn = Any
 
 
-def make_planner_node(planner: Planner, tools: ToolResolver) -> NodeFn:
+def make_planner_node(
+    planner: Planner,
+    tools: ToolResolver,
+    *,
+    agent_id: str | None = None,
+    agents: Sequence[dict[str, Any]] = (),
+) -> NodeFn:
+    """``agents``: those this planner may hand off to. A sub-agent's node is handed the
+    state as :func:`nodes.handoff.scoped` sees it: its task as input, its observations."""
+
     async def planner_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
         ctx = await services(runtime, state)
         usage = Usage.model_validate(state.get("usage") or {})
@@ -46,6 +56,9 @@ def make_planner_node(planner: Planner, tools: ToolResolver) -> NodeFn:
                 observations=[Observation.model_validate(o) for o in state.get("observations", [])],
                 tools=[spec.describe() for spec in tools.specs()],
                 usage=usage,
+                agent_id=agent_id or "",
+                task_data=state.get("task_data"),  # type: ignore[typeddict-item]
+                agents=list(agents),
             )
             started = utcnow()
             try:
@@ -59,6 +72,8 @@ def make_planner_node(planner: Planner, tools: ToolResolver) -> NodeFn:
                 return {"outcome": failed(Code.PLANNER_ERROR, repr(exc))}
             if decision.kind == "tool_calls" and not decision.tool_calls:
                 decision = Decision(kind="finish", summary="no tool calls proposed")
+            # Whose decision it is is the runtime's to say, not the planner's.
+            decision = decision.model_copy(update={"agent_id": agent_id})
             step = Step(
                 run_id=ctx.run_id,
                 step_index=step_index,

@@ -25,6 +25,9 @@ NODE_STATES: dict[str, State] = {
     "approval": State.EXECUTING,
     "executor": State.EXECUTING,
     "finish": State.EXECUTING,
+    # Handing control to a sub-agent, or back, carries out a planner's decision.
+    "handoff": State.EXECUTING,
+    "handback": State.EXECUTING,
 }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.planner import Planner
+from runtime.policy import Policy
 from runtime.tooling import ToolResolver
 
 
@@ -15,4 +17,27 @@ class AgentSpec:
     builder: Any
     """An uncompiled StateGraph over runtime.state.RunState with runtime.context.Context."""
     tools: ToolResolver
+    """Every tool a run of this agent may execute, its sub-agents' included: compensation
+    on cancel resolves the ledger's rows through it."""
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SubAgent:
+    """An agent another agent's planner may hand the run to.
+
+    The parent's graph hosts it: its planner decides with its own tools, which go
+    through its policy, the approval node and the ledger like the parent's. The
+    same parts usually also build it as a standalone :class:`AgentSpec`.
+    """
+
+    agent_id: str
+    description: str
+    planner: Planner
+    tools: ToolResolver
+    policy: Policy
+    handoffs: tuple[SubAgent, ...] = ()
+    """Agents this one may hand off to in turn."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"agent_id": self.agent_id, "description": self.description}

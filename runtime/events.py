@@ -17,6 +17,7 @@ class EventType(StrEnum):
     APPROVAL_RESULT = "approval_result"
     ARTIFACT = "artifact"
     ERROR = "error"
+    HANDOFF = "handoff"
 
 
 SUMMARY_CHARS = 300

@@ -25,6 +25,11 @@ def tool_call_id(run_id: str, step_index: int, call_index: int) -> str:
     return f"tc-{_digest(run_id, step_index, call_index)}"
 
 
+def handoff_id(run_id: str, step_index: int) -> str:
+    """A handoff is the step that decided it: one per step, so a replay finds the same one."""
+    return f"ho-{_digest('handoff', run_id, step_index)}"
+
+
 def approval_id(tool_call_id: str) -> str:
     return f"ap-{_digest('approval', tool_call_id)}"
 

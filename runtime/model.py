@@ -143,15 +143,37 @@ class DecisionUsage(BaseModel):
     cost_usd: float = 0.0
 
 
-class Decision(BaseModel):
-    """A planner's structured decision: tool calls, or finish. Never raw reasoning."""
+class Handoff(BaseModel):
+    """Hand the run to another agent, which works on ``task`` and then hands control back."""
 
-    kind: Literal["tool_calls", "finish"]
+    agent_id: str = Field(min_length=1, max_length=100)
+    task: str = Field(min_length=1, max_length=MAX_INPUT_CHARS)
+    data: dict[str, Any] | None = None
+    """Structured input for the sub-agent (its planner sees it as ``PlannerView.task_data``)."""
+
+
+class Decision(BaseModel):
+    """A planner's structured decision: tool calls, a handoff, or finish. Never raw reasoning.
+
+    A sub-agent's ``finish`` hands control back to the agent that handed off to it;
+    only the run's own agent finishes the run.
+    """
+
+    kind: Literal["tool_calls", "finish", "handoff"]
     summary: str = Field(default="", max_length=2000)
     tool_calls: list[ProposedCall] = Field(default_factory=list)
+    handoff: Handoff | None = None
     answer: str | None = None
     data: dict[str, Any] | None = None
     usage: DecisionUsage = Field(default_factory=DecisionUsage)
+    agent_id: str | None = None
+    """Set by the runtime, not the planner: the agent whose planner decided (None: not known)."""
+
+    @model_validator(mode="after")
+    def _handoff_named(self) -> Decision:
+        if (self.kind == "handoff") != (self.handoff is not None):
+            raise ValueError("a handoff decision, and only one, names its handoff")
+        return self
 
 
 class Step(BaseModel):

@@ -27,7 +27,15 @@ class Observation(BaseModel):
     error: str | None = None
 
 
+def handoff_tool(agent_id: str) -> str:
+    """The ``tool`` of the observation that brings a sub-agent's result back to its caller."""
+    return f"handoff_to_{agent_id}"
+
+
 class PlannerView(BaseModel):
+    """What a planner sees. After a handoff, the sub-agent's planner sees its task as
+    ``input``, the handoff's data as ``task_data`` and only its own observations."""
+
     run_id: str
     input: str
     context: RunContext
@@ -35,6 +43,11 @@ class PlannerView(BaseModel):
     observations: list[Observation] = Field(default_factory=list)
     tools: list[dict[str, Any]] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    agent_id: str = ""
+    """The agent planning: the run's own, or a sub-agent it handed off to."""
+    task_data: dict[str, Any] | None = None
+    agents: list[dict[str, Any]] = Field(default_factory=list)
+    """Agents this planner may hand off to (agent_id, description)."""
 
 
 class Planner(Protocol):

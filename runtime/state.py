@@ -39,7 +39,12 @@ class RunState(InputState, total=False):
     memory_version: int
     """Working-memory version; every write to observations bumps it."""
     handoff_stack: list[dict[str, Any]]
-    """Agents that handed control down and wait to get it back."""
+    """One frame per handoff in progress, innermost last; the last frame's agent is in control.
+
+    A frame: handoff_id, agent_id (the sub-agent), from_agent, task, data, step_index
+    (of the handoff decision), depth. Observations made while a frame is on top carry
+    its handoff_id as ``frame``; the run's own agent's carry none.
+    """
     outcome: dict[str, Any] | None
     """Set once the graph decides the run ends (runtime.model.Outcome, without side effects)."""
     result: dict[str, Any] | None

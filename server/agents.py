@@ -10,11 +10,15 @@ from server.settings import Settings
 
 
 def load_agents(settings: Settings) -> dict[str, AgentSpec]:
+    from graphs import report_writer
     from graphs.retail_analyst import build_agent
 
     agents: dict[str, AgentSpec] = {}
     demo = build_agent(settings.resolved_demo_db, planner_model=settings.planner_model)
     agents[demo.agent_id] = demo
+    # The agent the demo hands its reports to, runnable on its own too.
+    writer = report_writer.build_agent(demo.tools)
+    agents[writer.agent_id] = writer
     for path in settings.extra_agents:
         module_name, _, attr = path.partition(":")
         factory: Callable[[Settings], Iterable[AgentSpec]] = getattr(

@@ -107,6 +107,12 @@ class Renderer:
         if kind == "error":
             recovery = f" [{d['recovery']}]" if d.get("recovery") else ""
             return f"{s['bad']} {d.get('code')}: {compact(d.get('message', ''))}{recovery}"
+        if kind == "handoff":
+            what = d.get("task") if d.get("phase") == "start" else d.get("summary")
+            return (
+                f"{s['arrow']} handoff {d.get('phase')} {d.get('from_agent')} {s['arrow']} "
+                f"{d.get('to_agent')} (depth {d.get('depth')}): {compact(what or '')}"
+            )
         return f"{s['other']} {kind} {compact(d)}"
 
     def error_text(self, error: Any) -> str:
@@ -235,9 +241,12 @@ class Renderer:
                 for c in decision.get("tool_calls") or []
             )
             what = f"{s['arrow']} {calls}" if calls else f"{s['arrow']} answer"
+            if decision.get("handoff"):
+                what = f"{s['arrow']} {decision['handoff'].get('agent_id')}"
+            who = f"[{decision['agent_id']}] " if decision.get("agent_id") else ""
             lines.append(
                 self.clip(
-                    f"  #{step.get('step_index')} {decision.get('kind')}: "
+                    f"  #{step.get('step_index')} {who}{decision.get('kind')}: "
                     f"{decision.get('summary')} {what}"
                 )
             )

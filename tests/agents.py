@@ -13,9 +13,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from graphs.run_graph import build_run_graph
-from runtime.agent import AgentSpec
-from runtime.model import Decision, ProposedCall
-from runtime.planner import Observation, PlannerView
+from runtime.agent import AgentSpec, SubAgent
+from runtime.model import Decision, Handoff, ProposedCall
+from runtime.planner import Observation, PlannerView, handoff_tool
 from runtime.policy import DefaultPolicy
 from runtime.tooling import ToolContext, ToolSpec, ToolUnavailable
 from server.settings import Settings
@@ -153,6 +153,24 @@ def wanderer(view: PlannerView) -> Decision:
     return finish(f"could not: {view.observations[-1].status}")
 
 
+def delegator(view: PlannerView) -> Decision:
+    """echo, then hands the rest of its input to the agent its first word names, then
+    finishes with what that agent handed back."""
+    target, _, task = view.input.partition(" ")
+    if not any(o.tool == "echo" for o in view.observations):
+        return call("echo", text=target, n=1)
+    back = next((o for o in view.observations if o.tool == handoff_tool(target)), None)
+    if back is None:
+        return Decision(
+            kind="handoff",
+            summary=f"hand {task!r} to {target}",
+            handoff=Handoff(agent_id=target, task=task or "go", data={"from": view.agent_id}),
+        )
+    if back.status != "succeeded":
+        return finish(f"handoff failed: {back.status}")
+    return finish(f"{target} said {back.output['answer']}")
+
+
 SCRIPTS: dict[str, Script] = {
     "typo_fixer": typo_fixer,
     "stubborn": stubborn,
@@ -160,6 +178,22 @@ SCRIPTS: dict[str, Script] = {
     "broken": broken,
     "wanderer": wanderer,
 }
+
+
+SUB_TOOLS = ("counter", "sleep")
+"""The sub-agents' own tools: not echo, which only the delegators have."""
+
+
+def sub_agents(tools: ToolRegistry) -> tuple[SubAgent, ...]:
+    """What ``delegator`` may hand off to: two scripts with their own tools, and ``relay``
+    (another delegator) that may hand off to them in turn."""
+    own = ToolRegistry(s for s in tools.specs() if s.name in SUB_TOOLS)
+    subs = tuple(
+        SubAgent(name, SCRIPTS[name].__doc__ or name, ScriptPlanner(SCRIPTS[name]), own, policy)
+        for name, policy in (("slow_worker", DefaultPolicy()), ("typo_fixer", DefaultPolicy()))
+    )
+    relay = SubAgent("relay", "a delegator", ScriptPlanner(delegator), tools, DefaultPolicy(), subs)
+    return (*subs, relay)
 
 
 def build_agents(settings: Settings) -> list[AgentSpec]:
@@ -172,4 +206,17 @@ def build_agents(settings: Settings) -> list[AgentSpec]:
             tools=tools,
         )
         for name, script in SCRIPTS.items()
+    ] + [
+        AgentSpec(
+            agent_id="delegator",
+            description=delegator.__doc__ or "delegator",
+            builder=build_run_graph(
+                ScriptPlanner(delegator),
+                tools,
+                DefaultPolicy(),
+                agent_id="delegator",
+                handoffs=sub_agents(tools),
+            ),
+            tools=tools,
+        )
     ]

@@ -55,8 +55,16 @@ async def test_trace_and_checkpoint_explain_a_parked_run(api: Api) -> None:
     )
     assert len(checkpoint["tool_calls"]) == 2 and checkpoint["budget"]["tool_calls"] == 2
     trace = (await api.client.get(f"/runs/{run_id}/trace")).json()
-    assert [s["step_index"] for s in trace["steps"]] == [0, 1, 2]
+    # Parked inside the sub-agent the analyst handed the report to.
+    assert [f["agent_id"] for f in checkpoint["handoff_stack"]] == ["report_writer"]
+    assert [s["step_index"] for s in trace["steps"]] == [0, 1, 2, 3]
     assert all(s["decision"]["summary"] for s in trace["steps"])
+    assert [(s["decision"]["agent_id"], s["decision"]["kind"]) for s in trace["steps"]] == [
+        ("retail_analyst", "tool_calls"),
+        ("retail_analyst", "handoff"),
+        ("report_writer", "tool_calls"),
+        ("report_writer", "tool_calls"),
+    ]
     assert [t["tool"] for t in trace["tool_calls"]] == ["query_sales", "write_report"]
     assert trace["approvals"][0]["status"] == "pending"
     assert trace["approvals"][0]["args_hash"]

@@ -33,11 +33,15 @@ async def test_1_normal_run_reaches_succeeded_and_the_stream_shows_it(api: Api) 
         "planning",
         "executing",  # query_sales
         "planning",
-        "executing",  # write_report
+        "executing",  # handoff to report_writer
+        "planning",
+        "executing",  # write_report (report_writer)
         "planning",
         "executing",
         "waiting_human",
-        "executing",  # publish_report, approved
+        "executing",  # publish_report (report_writer), approved
+        "planning",
+        "executing",  # report_writer finishes: control goes back
         "planning",
         "executing",
         "succeeded",  # finish and the terminal check
@@ -45,6 +49,11 @@ async def test_1_normal_run_reaches_succeeded_and_the_stream_shows_it(api: Api) 
     types = [e["type"] for e in events]
     for kind in ("action", "result", "artifact", "approval_request", "approval_result"):
         assert kind in types
+    handoffs = [e["data"] for e in events if e["type"] == "handoff"]
+    assert [(h["phase"], h["from_agent"], h["to_agent"]) for h in handoffs] == [
+        ("start", "retail_analyst", "report_writer"),
+        ("return", "report_writer", "retail_analyst"),
+    ]
     answer = final["result"]["answer"]
     top = final["result"]["data"]["top_skus"]
     assert top and all(sku in answer for sku in top)

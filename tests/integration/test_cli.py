@@ -65,6 +65,9 @@ def test_follow_park_approve_and_audit(server: ServerProcess) -> None:
     assert re.match(r"\[  4\] executing +▶ query_sales \{", lines[4]), lines[4]
     assert f"approval {approval_id} needed: publish_report" in parked.stdout
     assert "waiting_human ● executing → waiting_human" in parked.stdout
+    assert "→ handoff start retail_analyst → report_writer (depth 1): Write the report" in (
+        parked.stdout
+    )
 
     keys = json.loads((server.data_dir / "local-keys.json").read_text())
     as_admin = cli(server, "approve", run_id, approval_id, "--token", keys["admin"]["token"])
@@ -76,8 +79,12 @@ def test_follow_park_approve_and_audit(server: ServerProcess) -> None:
     out = approved.stdout
     assert f"approved {approval_id} (publish_report@1) by approver" in out
     seqs = [int(s) for s in re.findall(r"^\[ *(\d+)\]", out, re.M)]
-    assert seqs == list(range(15, 15 + len(seqs))), out  # resumes after the decision
+    parked_seqs = [int(s) for s in re.findall(r"^\[ *(\d+)\]", parked.stdout, re.M)]
+    # Resumes right after what --follow showed up to the park, missing and repeating nothing.
+    first = parked_seqs[-1] + 1
+    assert seqs == list(range(first, first + len(seqs))), out
     assert "▶ publish_report" in out and f"{run_id} succeeded" in out and "SKU-1008" in out
+    assert "→ handoff return report_writer → retail_analyst (depth 1)" in out
 
     again = cli(server, "approve", run_id, approval_id)
     assert again.returncode == 0 and "already approved" in again.stdout
@@ -97,6 +104,8 @@ def test_follow_park_approve_and_audit(server: ServerProcess) -> None:
     assert text_trace.returncode == 0
     for section in ("steps:", "tool calls:", "approvals:", "events:"):
         assert f"\n{section}\n" in text_trace.stdout
+    assert re.search(r"#1 \[retail_analyst\] handoff: .* → report_writer", text_trace.stdout)
+    assert "#3 [report_writer] tool_calls: publish report" in text_trace.stdout
 
     listed = cli(server, "runs", "--json")
     assert listed.returncode == 0

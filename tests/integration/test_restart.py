@@ -28,6 +28,9 @@ def test_waiting_human_survives_sigkill_and_resumes_on_approval(server: ServerPr
         assert after["pending_approval"]["approval_id"] == approval_id
         inbox = http.get("/approvals", params={"state": "pending"}).json()
         assert [a["approval_id"] for a in inbox] == [approval_id]
+        # The approval waits inside report_writer, the sub-agent the analyst handed off to.
+        stack = http.get(f"/runs/{run_id}/checkpoint").json()["handoff_stack"]
+        assert [f["agent_id"] for f in stack] == ["report_writer"]
         last_seq = http.get(
             f"/runs/{run_id}/events", headers={"Accept": "application/json"}
         ).json()[-1]["seq"]

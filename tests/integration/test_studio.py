@@ -139,9 +139,11 @@ async def test_graphs_load_without_errors_or_warnings(
     assistants = await client.assistants.search(graph_id=GRAPH)
     assert [a["graph_id"] for a in assistants] == [GRAPH]
     graph = await client.assistants.get_graph(assistants[0]["assistant_id"])
-    assert {"planner", "guard", "approval", "executor", "finish"} <= {
+    assert {"planner", "guard", "approval", "executor", "finish", "handoff", "handback"} <= {
         n["id"] for n in graph["nodes"]
     }
+    writer = await client.assistants.search(graph_id="report_writer")
+    assert [a["graph_id"] for a in writer] == ["report_writer"]
     schemas = await client.assistants.get_schemas(assistants[0]["assistant_id"])
     assert schemas["context_schema"] is None  # the engine's services are not JSON
     assert problems(dev_server.log()) == []
@@ -180,6 +182,13 @@ async def test_approve_resumes_to_an_answer(dev_server: DevServer, client: LangG
         calls = await store.list_tool_calls(thread_id)
         assert [c.tool for c in calls] == ["query_sales", "write_report", "publish_report"]
         assert all(c.status == "succeeded" for c in calls)
+        # The report tools ran in report_writer, which the analyst handed off to.
+        steps = await store.list_steps(thread_id)
+        assert [s.decision.agent_id for s in steps if s.decision.tool_calls] == [
+            "retail_analyst",
+            "report_writer",
+            "report_writer",
+        ]
     finally:
         await store.close()
     assert problems(dev_server.log()) == []

@@ -1,8 +1,9 @@
 """A deterministic planner for retail_analyst: a state machine over the observations.
 
-query_sales → write_report → publish_report → finish. Every decision is derived
-from the input, the run context and what the tools returned, so replaying the
-same observations always gives the same decision.
+query_sales → write_report → publish_report → finish, or, given a report agent,
+query_sales → handoff to it (it writes and publishes) → finish. Every decision is
+derived from the input, the run context and what the tools returned, so
+replaying the same observations always gives the same decision.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from runtime.errors import Code
-from runtime.model import Decision, DecisionUsage, ProposedCall
-from runtime.planner import Observation, PlannerView
+from runtime.model import Decision, DecisionUsage, Handoff, ProposedCall
+from runtime.planner import Observation, PlannerView, handoff_tool
 from tools.retail.data import LAST_WEEK_START, REGION_IDS
 from tools.retail.report import Findings, has_cjk, pct, region_label
+from tools.retail.writer import publish_sentence
 
 DEFAULT_REGION = "east"
 DEFAULT_RECIPIENTS = ("sales-ops@example.com",)
@@ -105,28 +107,15 @@ def _recipients(view: PlannerView) -> list[str]:
     return list(DEFAULT_RECIPIENTS)
 
 
-def _report_sentence(report: str | None, publish_status: str, zh: bool) -> str:
-    if report is None:
-        return "未生成报告。" if zh else "No report was written."
-    if publish_status == "succeeded":
-        return "报告已生成并提交发送。" if zh else "The report was written and queued for email."
-    if publish_status == Code.APPROVAL_REJECTED:
-        return (
-            "报告已生成，发布未获批准。"
-            if zh
-            else ("The report was written; publishing was not approved.")
-        )
-    if publish_status == "not_requested":
-        return "报告已生成，未发布。" if zh else "The report was written and not published."
-    return (
-        f"报告已生成，发布失败（{publish_status}）。"
-        if zh
-        else f"The report was written; publishing failed ({publish_status})."
-    )
-
-
 class RetailPlanner:
-    """Answers which SKUs drove a region's weekly sales drop, and files a report."""
+    """Answers which SKUs drove a region's weekly sales drop, and files a report.
+
+    With ``report_agent``, the report is that agent's job: the planner hands the
+    run to it with a brief and answers from what it hands back.
+    """
+
+    def __init__(self, report_agent: str | None = None) -> None:
+        self.report_agent = report_agent
 
     async def next_step(self, view: PlannerView) -> Decision:
         zh = has_cjk(view.input)
@@ -140,6 +129,8 @@ class RetailPlanner:
         except ValidationError:
             # Output too large to inline arrives as an artifact ref; it cannot be read here.
             return self._finish(view, None, zh, note=f"query_sales output: {query.artifact_id}")
+        if self.report_agent is not None:
+            return self._delegate(view, self.report_agent, findings, query, zh)
         reports = _of(view, "write_report")
         report = _succeeded(reports)
         if report is None:
@@ -178,6 +169,44 @@ class RetailPlanner:
             ),
         )
 
+    def _delegate(
+        self, view: PlannerView, agent: str, findings: Findings, query: Observation, zh: bool
+    ) -> Decision:
+        handed = [o for o in view.observations if o.tool == handoff_tool(agent)]
+        if not handed:
+            title = _title(findings, zh)
+            recipients = _recipients(view)
+            publish = not _NO_PUBLISH.search(view.input)
+            return Decision(
+                kind="handoff",
+                summary=f"hand the report on {findings.region} to {agent}",
+                handoff=Handoff(
+                    agent_id=agent,
+                    task=f"Write the report '{title}'"
+                    + (f" and publish it to {', '.join(recipients)}" if publish else ""),
+                    data={
+                        "title": title,
+                        "question": view.input,
+                        "findings": query.output,
+                        "recipients": recipients,
+                        "publish": publish,
+                    },
+                ),
+                usage=DecisionUsage(),
+            )
+        back = handed[-1]
+        if back.status != "succeeded":
+            return self._finish(view, findings, zh, note=back.error or back.status)
+        data = (back.output or {}).get("data") or {}
+        return self._finish(
+            view,
+            findings,
+            zh,
+            report=data.get("report_artifact_id"),
+            note=data.get("note"),
+            publish=(str(data.get("publish_status", "not_requested")), data.get("outbox_id")),
+        )
+
     def _query(
         self, view: PlannerView, region: str, queries: list[Observation], zh: bool
     ) -> Decision:
@@ -206,7 +235,9 @@ class RetailPlanner:
         zh: bool,
         report: str | None = None,
         note: str | None = None,
+        publish: tuple[str, Any] | None = None,
     ) -> Decision:
+        """``publish``: (status, outbox id) as a report agent handed them back."""
         if findings is None:
             reason = note or "no data"
             answer = (
@@ -248,21 +279,29 @@ class RetailPlanner:
                     else "No SKU declined materially."
                 )
             )
-        publishes = _of(view, "publish_report")
-        published = _succeeded(publishes)
-        publish_status = publishes[-1].status if publishes else "not_requested"
-        answer += ("" if zh else " ") + _report_sentence(report, publish_status, zh)
+        if publish is None:
+            publishes = _of(view, "publish_report")
+            published = _succeeded(publishes)
+            publish_status = publishes[-1].status if publishes else "not_requested"
+            outbox_id = (
+                published.output.get("outbox_id")
+                if published is not None and isinstance(published.output, dict)
+                else None
+            )
+        else:
+            publish_status, outbox_id = publish
+        answer += ("" if zh else " ") + publish_sentence(report, publish_status, zh)
         data: dict[str, Any] = {
             "region": findings.region,
             "week_start": findings.week_start,
             "top_skus": [d.sku for d in drivers],
             "change_pct": findings.change_pct,
             "report_artifact_id": report,
-            "published": published is not None,
+            "published": publish_status == "succeeded",
             "publish_status": publish_status,
         }
-        if published is not None and isinstance(published.output, dict):
-            data["outbox_id"] = published.output.get("outbox_id")
+        if outbox_id is not None:
+            data["outbox_id"] = outbox_id
         if note:
             data["note"] = note
         summary = (

@@ -1,0 +1,223 @@
+"""Handoff between agents inside one run graph: the stack's top frame says who is in control.
+
+A planner's ``handoff`` decision pushes a frame onto ``handoff_stack``; from then
+on the graph's planner, guard, approval and executor nodes act for the frame's
+agent (its planner, its tools, its policy), and the observations they make are
+tagged with the frame, so each planner sees only its own. The sub-agent's
+``finish`` pops the frame and hands its result to the caller as an observation.
+
+Everything lives in the one checkpointed graph state: a crash or an approval wait
+inside a sub-agent resumes exactly like one in the run's own agent, with the
+same thread, the same interrupt and the same ledger ids (the step index keeps
+counting across agents).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from nodes.finish import terminal_problems
+from runtime import ids
+from runtime.context import Context, services
+from runtime.errors import CODES, Code
+from runtime.events import EventType, summarize
+from runtime.model import Decision
+from runtime.planner import handoff_tool
+from runtime.state import RunState
+
+NodeFn = Any
+ROOT = ""
+"""Key of the run's own agent among a graph's agents when its id is not known."""
+MAX_DEPTH = 8
+"""Handoffs in progress at once; bounds agents that hand off to each other in a loop."""
+
+
+def top(state: RunState) -> dict[str, Any] | None:
+    stack = state.get("handoff_stack") or []
+    return stack[-1] if stack else None
+
+
+def frame_id(frame: Mapping[str, Any] | None) -> str | None:
+    return None if frame is None else str(frame["handoff_id"])
+
+
+def scoped(state: RunState) -> RunState:
+    """The state as the agent in control sees it: its task and its own observations."""
+    frame = top(state)
+    fid = frame_id(frame)
+    view: dict[str, Any] = {
+        **state,
+        "observations": [o for o in state.get("observations", []) if o.get("frame") == fid],
+    }
+    if frame is not None:
+        view["input"] = frame["task"]
+        view["task_data"] = frame.get("data")
+    return view  # type: ignore[return-value]
+
+
+def tagged(update: dict[str, Any], frame: Mapping[str, Any] | None) -> dict[str, Any]:
+    fid = frame_id(frame)
+    if fid is not None and update.get("observations"):
+        update = {**update, "observations": [{**o, "frame": fid} for o in update["observations"]]}
+    return update
+
+
+def dispatch(nodes: Mapping[str, NodeFn], root: str) -> NodeFn:
+    """One graph node that runs the given agent's version of it for the agent in control."""
+
+    async def node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
+        frame = top(state)
+        agent = root if frame is None else str(frame["agent_id"])
+        update: dict[str, Any] = await nodes[agent](scoped(state), runtime)
+        return tagged(update, frame)
+
+    return node
+
+
+def _refused(step: int, hid: str, target: str, code: Code, message: str) -> dict[str, Any]:
+    return {
+        "step_index": step,
+        "tool_call_id": hid,
+        "tool": handoff_tool(target),
+        "status": code.value,
+        "error": message,
+        "summary": message,
+    }
+
+
+def make_handoff_node(targets: Mapping[str, set[str]], root: str) -> NodeFn:
+    """``targets``: for each agent the graph hosts, the agents it may hand off to."""
+
+    async def handoff_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
+        ctx = await services(runtime, state)
+        decision = Decision.model_validate(state["decision"])
+        assert decision.handoff is not None, "the planner routes only handoffs here"
+        step = state["step_index"]
+        stack = list(state.get("handoff_stack") or [])
+        frame = top(state)
+        current = root if frame is None else str(frame["agent_id"])
+        target = decision.handoff.agent_id
+        hid = ids.handoff_id(ctx.run_id, step)
+        problem: tuple[Code, str] | None = None
+        if target not in targets.get(current, set()):
+            problem = Code.AGENT_NOT_FOUND, f"{current or 'this agent'} cannot hand off to {target}"
+        elif len(stack) >= MAX_DEPTH:
+            problem = Code.AGENT_NOT_FOUND, f"handoff depth {MAX_DEPTH} reached"
+        if problem is not None:
+            code, message = problem
+            # Like an unknown tool: the planner is told and may pick another path.
+            await ctx.store.append_event(
+                ctx.run_id,
+                EventType.ERROR,
+                {
+                    "code": code,
+                    "message": message,
+                    "handoff_id": hid,
+                    "recovery": CODES[Code.TOOL_NOT_FOUND].recovery,
+                },
+                dedupe_key=f"error:{hid}",
+            )
+            return tagged(
+                {
+                    "observations": [_refused(step, hid, target, code, message)],
+                    "memory_version": state.get("memory_version", 0) + 1,
+                },
+                frame,
+            )
+        pushed = {
+            "handoff_id": hid,
+            "agent_id": target,
+            "from_agent": current,
+            "task": decision.handoff.task,
+            "data": decision.handoff.data,
+            "step_index": step,
+            "depth": len(stack) + 1,
+        }
+        await ctx.store.append_event(
+            ctx.run_id,
+            EventType.HANDOFF,
+            {
+                "phase": "start",
+                "handoff_id": hid,
+                "from_agent": current,
+                "to_agent": target,
+                "step_index": step,
+                "depth": len(stack) + 1,
+                "task": summarize(decision.handoff.task),
+            },
+            dedupe_key=f"handoff:{hid}:start",
+        )
+        return {
+            "handoff_stack": [*stack, pushed],
+            "memory_version": state.get("memory_version", 0) + 1,
+        }
+
+    return handoff_node
+
+
+def make_handback_node() -> NodeFn:
+    """A sub-agent's ``finish``: the terminal check of its work, then control goes back."""
+
+    async def handback_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
+        ctx = await services(runtime, state)
+        stack = list(state.get("handoff_stack") or [])
+        assert stack, "the planner routes only a sub-agent's finish here"
+        frame = stack[-1]
+        decision = Decision.model_validate(state["decision"])
+        problems = await terminal_problems(state, ctx)
+        if problems:
+            refused = {
+                "step_index": state["step_index"],
+                "tool_call_id": "",
+                "tool": "finish",
+                "status": "FINISH_REFUSED",
+                "summary": "; ".join(problems),
+                "error": "; ".join(problems),
+            }
+            return tagged(
+                {"observations": [refused], "memory_version": state.get("memory_version", 0) + 1},
+                frame,
+            )
+        mine = [o for o in state.get("observations", []) if o.get("frame") == frame["handoff_id"]]
+        artifacts = sorted({str(o["artifact_id"]) for o in mine if o.get("artifact_id")})
+        result = {"answer": decision.answer, "data": decision.data, "artifacts": artifacts}
+        caller = stack[-2] if len(stack) > 1 else None
+        back = {
+            # The result answers the caller's handoff step, as a tool's result answers its call.
+            "step_index": frame["step_index"],
+            "tool_call_id": frame["handoff_id"],
+            "tool": handoff_tool(str(frame["agent_id"])),
+            "status": "succeeded",
+            "summary": summarize(decision.answer or decision.summary),
+            "output": result,
+            "artifact_id": artifacts[0] if len(artifacts) == 1 else None,
+            "error": None,
+        }
+        await ctx.store.append_event(
+            ctx.run_id,
+            EventType.HANDOFF,
+            {
+                "phase": "return",
+                "handoff_id": frame["handoff_id"],
+                "from_agent": frame["agent_id"],
+                "to_agent": frame["from_agent"],
+                "step_index": state["step_index"],
+                "depth": frame["depth"],
+                "summary": summarize(decision.answer or decision.summary),
+                "artifacts": artifacts,
+            },
+            dedupe_key=f"handoff:{frame['handoff_id']}:return",
+        )
+        return tagged(
+            {
+                "handoff_stack": stack[:-1],
+                "observations": [back],
+                "memory_version": state.get("memory_version", 0) + 1,
+            },
+            caller,
+        )
+
+    return handback_node

@@ -1,0 +1,232 @@
+"""Multi-agent handoff through the HTTP API, on SQLite and PostgreSQL.
+
+A planner hands the run to a sub-agent; the sub-agent works with its own tools
+(guard, policy, approval and ledger as usual) and its finish hands control back
+with its result. The stack is in the checkpoint; the trace and events show both moves.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.agents import counter_lines
+from tests.api.conftest import Api, states
+from tools.retail import count_outbox
+
+
+async def trace(api: Api, run_id: str) -> dict[str, Any]:
+    resp = await api.client.get(f"/runs/{run_id}/trace")
+    assert resp.status_code == 200, resp.text
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+async def checkpoint(api: Api, run_id: str) -> dict[str, Any]:
+    body: dict[str, Any] = (await api.client.get(f"/runs/{run_id}/checkpoint")).json()
+    return body
+
+
+def handoffs(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [
+        (e["data"]["phase"], e["data"]["from_agent"], e["data"]["to_agent"])
+        for e in events
+        if e["type"] == "handoff"
+    ]
+
+
+async def test_sub_agent_result_returns_to_the_parent(api: Api) -> None:
+    run = await api.create(agent_id="delegator", input="slow_worker sleep 0.01")
+    final = await api.settle(run["run_id"])
+    assert final["state"] == "succeeded", final
+    assert final["result"]["answer"] == "slow_worker said slept"
+    record = await trace(api, run["run_id"])
+    steps = [
+        (s["step_index"], s["decision"]["agent_id"], s["decision"]["kind"]) for s in record["steps"]
+    ]
+    assert steps == [
+        (0, "delegator", "tool_calls"),  # echo
+        (1, "delegator", "handoff"),
+        (2, "slow_worker", "tool_calls"),  # counter
+        (3, "slow_worker", "tool_calls"),  # sleep
+        (4, "slow_worker", "finish"),  # hands control back
+        (5, "delegator", "finish"),
+    ]
+    handoff = record["steps"][1]["decision"]["handoff"]
+    assert handoff == {
+        "agent_id": "slow_worker",
+        "task": "sleep 0.01",
+        "data": {"from": "delegator"},
+    }
+    calls = record["tool_calls"]
+    assert [(c["step_index"], c["tool"]) for c in calls] == [
+        (0, "echo"),
+        (2, "counter"),
+        (3, "sleep"),
+    ]
+    assert len({c["tool_call_id"] for c in calls}) == 3
+    events = record["events"]
+    assert handoffs(events) == [
+        ("start", "delegator", "slow_worker"),
+        ("return", "slow_worker", "delegator"),
+    ]
+    start, back = (e for e in events if e["type"] == "handoff")
+    assert start["data"]["handoff_id"] == back["data"]["handoff_id"]
+    assert start["data"]["step_index"] == 1 and back["data"]["step_index"] == 4
+    # The sub-agent's tool calls happen between the two, as seen on the stream.
+    acted = [
+        e["data"]["tool"]
+        for e in events
+        if e["type"] == "action" and start["seq"] < e["seq"] < back["seq"]
+    ]
+    assert acted == ["counter", "sleep"]
+    cp = await checkpoint(api, run["run_id"])
+    assert cp["handoff_stack"] == []
+    assert cp["budget"]["steps"] == 6 and cp["budget"]["tool_calls"] == 3  # one budget for all
+    assert final["usage"]["steps"] == 6
+    assert len(counter_lines(api.settings.data_dir)) == 1
+
+
+async def test_nested_handoffs_unwind_in_order(api: Api) -> None:
+    run = await api.create(agent_id="delegator", input="relay slow_worker sleep 0.01")
+    final = await api.settle(run["run_id"])
+    assert final["state"] == "succeeded", final
+    assert final["result"]["answer"] == "relay said slow_worker said slept"
+    record = await trace(api, run["run_id"])
+    assert handoffs(record["events"]) == [
+        ("start", "delegator", "relay"),
+        ("start", "relay", "slow_worker"),
+        ("return", "slow_worker", "relay"),
+        ("return", "relay", "delegator"),
+    ]
+    depths = [e["data"]["depth"] for e in record["events"] if e["type"] == "handoff"]
+    assert depths == [1, 2, 2, 1]
+    # Each delegator echoed its own first word: the relay saw its own task, not the run's input.
+    echoes = [c["args"]["text"] for c in record["tool_calls"] if c["tool"] == "echo"]
+    assert echoes == ["relay", "slow_worker"]
+    assert [s["step_index"] for s in record["steps"]] == list(range(len(record["steps"])))
+
+
+async def test_sub_agent_has_only_its_own_tools(api: Api) -> None:
+    run = await api.create(agent_id="delegator", input="typo_fixer fix it")
+    final = await api.settle(run["run_id"])
+    assert final["state"] == "succeeded", final
+    record = await trace(api, run["run_id"])
+    # typo_fixer proposes echo, which the delegator has and it has not: refused, replanned.
+    errors = [e["data"] for e in record["events"] if e["type"] == "error"]
+    assert [e["code"] for e in errors] == ["TOOL_NOT_FOUND"]
+    assert [c["tool"] for c in record["tool_calls"]] == ["echo"]  # the delegator's own only
+    assert final["result"]["answer"] == "typo_fixer said echo said None"
+
+
+async def test_unknown_handoff_target_goes_back_to_the_planner(api: Api) -> None:
+    run = await api.create(agent_id="delegator", input="nobody do it")
+    final = await api.settle(run["run_id"])
+    assert final["state"] == "succeeded", final
+    assert final["result"]["answer"] == "handoff failed: AGENT_NOT_FOUND"
+    events = await api.events(run["run_id"])
+    assert handoffs(events) == []
+    errors = [e["data"] for e in events if e["type"] == "error"]
+    assert [e["code"] for e in errors] == ["AGENT_NOT_FOUND"]
+    assert "cannot hand off to nobody" in errors[0]["message"]
+
+
+async def test_budget_is_shared_with_the_sub_agent(api: Api) -> None:
+    steps = await api.create(
+        agent_id="delegator", input="slow_worker sleep 0.01", options={"max_steps": 3}
+    )
+    calls = await api.create(
+        agent_id="delegator",
+        input="slow_worker sleep 0.01",
+        options={"budget": {"max_tool_calls": 2}},
+    )
+    by_steps = await api.settle(steps["run_id"])
+    assert by_steps["state"] == "failed", by_steps
+    assert by_steps["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
+    assert "max_steps 3" in by_steps["outcome"]["message"]
+    assert by_steps["usage"]["steps"] == 3
+    # It ran out inside the sub-agent: the frame is still on the stack in the checkpoint.
+    cp = await checkpoint(api, steps["run_id"])
+    assert [f["agent_id"] for f in cp["handoff_stack"]] == ["slow_worker"]
+
+    by_calls = await api.settle(calls["run_id"])
+    assert by_calls["state"] == "failed" and by_calls["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
+    assert "max_tool_calls 2: 2 used" in by_calls["outcome"]["message"]
+    ran = (await api.client.get(f"/runs/{calls['run_id']}/tool-calls")).json()
+    assert [c["tool"] for c in ran] == ["echo", "counter"]
+
+
+async def test_approval_inside_the_sub_agent_parks_and_resumes_the_run(api: Api) -> None:
+    run = await api.create()
+    parked = await api.settle(run["run_id"])
+    assert parked["state"] == "waiting_human", parked
+    assert parked["pending_approval"]["tool"] == "publish_report"
+    cp = await checkpoint(api, run["run_id"])
+    frame = cp["handoff_stack"][0]
+    assert len(cp["handoff_stack"]) == 1
+    assert (frame["agent_id"], frame["from_agent"], frame["depth"]) == (
+        "report_writer",
+        "retail_analyst",
+        1,
+    )
+    assert frame["data"]["findings"]["region"] == "east"
+    resp = await api.decide(run["run_id"], parked["pending_approval"]["approval_id"], "approve")
+    assert resp.status_code == 202
+    final = await api.settle(run["run_id"])
+    assert final["state"] == "succeeded", final
+    data = final["result"]["data"]
+    # The analyst answers from what report_writer handed back.
+    assert data["published"] is True and data["publish_status"] == "succeeded"
+    assert data["report_artifact_id"] == final["result"]["artifacts"][0]
+    assert isinstance(data["outbox_id"], int)
+    assert (
+        "queued for email" in final["result"]["answer"] or "提交发送" in final["result"]["answer"]
+    )
+    assert (await checkpoint(api, run["run_id"]))["handoff_stack"] == []
+    assert count_outbox(api.settings.resolved_demo_db) == 1
+
+
+async def test_rejection_inside_the_sub_agent_fails_the_run(api: Api) -> None:
+    run = await api.create()
+    parked = await api.settle(run["run_id"])
+    await api.decide(run["run_id"], parked["pending_approval"]["approval_id"], "reject")
+    final = await api.settle(run["run_id"])
+    assert final["state"] == "failed" and final["outcome"]["code"] == "APPROVAL_REJECTED"
+    events = await api.events(run["run_id"])
+    assert handoffs(events) == [("start", "retail_analyst", "report_writer")]
+    assert states(events)[-2:] == ["waiting_human", "failed"]
+    assert count_outbox(api.settings.resolved_demo_db) == 0
+
+
+async def test_report_writer_runs_on_its_own(api: Api) -> None:
+    agents = {a["agent_id"] for a in (await api.client.get("/agents")).json()}
+    assert {"retail_analyst", "report_writer"} <= agents
+    parked = await api.settle((await api.create())["run_id"])
+    findings = next(
+        c["output"]
+        for c in (await api.client.get(f"/runs/{parked['run_id']}/tool-calls")).json()
+        if c["tool"] == "query_sales"
+    )
+    brief = {"title": "East", "question": "why?", "findings": findings, "publish": False}
+    run = await api.create(agent_id="report_writer", input=json.dumps(brief))
+    final = await api.settle(run["run_id"])
+    assert final["state"] == "succeeded", final
+    assert final["result"]["data"]["publish_status"] == "not_requested"
+    assert final["result"]["artifacts"] == [final["result"]["data"]["report_artifact_id"]]
+    assert handoffs(await api.events(run["run_id"])) == []
+
+
+async def test_cancel_inside_the_sub_agent_compensates_its_side_effects(api: Api) -> None:
+    run = await api.create(agent_id="delegator", input="slow_worker sleep 30")
+    run_id = run["run_id"]
+    await api.wait_event(run_id, lambda e: e["type"] == "action" and e["data"]["tool"] == "sleep")
+    resp = await api.client.post(
+        f"/runs/{run_id}/cancel", json={"reason": "stop", "compensate": True}
+    )
+    final = resp.json()
+    assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
+    calls = {c["tool"]: c for c in (await api.client.get(f"/runs/{run_id}/tool-calls")).json()}
+    counter_id = calls["counter"]["tool_call_id"]  # the sub-agent's side effect
+    assert final["outcome"]["side_effects"] == [counter_id]
+    assert final["outcome"]["compensations"] == [counter_id]
+    assert counter_lines(api.settings.data_dir) == [f"{counter_id} once", f"{counter_id} undo"]
