@@ -95,7 +95,7 @@ class Agentrt(Proc):
         name: str = "server",
         no_worker: bool = False,
         concurrency: int | None = None,
-        **env: str,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.command = command
         self.no_worker = no_worker
@@ -110,7 +110,7 @@ class Agentrt(Proc):
             "AGENT_RUNTIME_LOG_LEVEL": "info" if command == "worker" else "warning",
             "PYTHONPATH": str(ROOT),
             **server_env(),
-            **env,
+            **(env or {}),
         }
 
     def start(self, wait: bool = True) -> Agentrt:

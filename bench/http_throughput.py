@@ -248,7 +248,7 @@ def measure(reps: int = 5, flows1: int = 10, flows20: int = 3, warmup: int = 3) 
         tmp = Path(tmpdir)
         (tmp / "ours").mkdir()
         (tmp / "peer").mkdir()
-        ours = Agentrt(tmp / "ours", url, AGENT_RUNTIME_WORKER_CONCURRENCY="20")
+        ours = Agentrt(tmp / "ours", url, env={"AGENT_RUNTIME_WORKER_CONCURRENCY": "20"})
         peer = LanggraphDev(tmp / "peer", jobs=20)
         try:
             ours.start(wait=False)

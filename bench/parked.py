@@ -202,8 +202,10 @@ def measure(runs: int = 10_000, sample: int = 30, warmup: int = 20) -> ParkedRes
         server = Agentrt(
             Path(tmpdir),
             url,
-            AGENT_RUNTIME_EXTRA_AGENTS=EXTRA_AGENTS,
-            AGENT_RUNTIME_WORKER_CONCURRENCY="20",
+            env={
+                "AGENT_RUNTIME_EXTRA_AGENTS": EXTRA_AGENTS,
+                "AGENT_RUNTIME_WORKER_CONCURRENCY": "20",
+            },
         )
         try:
             server.start()
