@@ -50,6 +50,33 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as fh:
+        # The command name (field 2) may contain spaces: split after its closing paren.
+        return fh.read().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int, group: bool = False) -> float:
+    """User + system CPU time of a process (all its threads), or of its process group."""
+    pids = [pid]
+    if group:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    total = 0
+    for p in pids:
+        try:
+            fields = _stat(p)
+        except OSError:
+            continue
+        # After the name: state, ppid, pgrp, ... utime is field 14, stime 15 (1-based).
+        if group and int(fields[2]) != pid:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
 class Proc:
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path
@@ -96,8 +123,11 @@ class Agentrt(Proc):
         no_worker: bool = False,
         concurrency: int | None = None,
         env: dict[str, str] | None = None,
+        profile_to: Path | None = None,
     ) -> None:
         self.command = command
+        self.profile_to = profile_to
+        """If set, the process runs under cProfile, which writes here when it exits."""
         self.no_worker = no_worker
         self.concurrency = concurrency
         self.port = free_port()
@@ -120,9 +150,13 @@ class Agentrt(Proc):
             args = ["worker"]
             if self.concurrency is not None:
                 args += ["--concurrency", str(self.concurrency)]
+        argv = [*AGENT_RUNTIME, *args]
+        if self.profile_to is not None:
+            target = [str(_SCRIPT)] if _SCRIPT.exists() else ["-m", "server.cli"]
+            argv = [sys.executable, "-m", "cProfile", "-o", str(self.profile_to), *target, *args]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [*AGENT_RUNTIME, *args],
+                argv,
                 cwd=ROOT,
                 env=self.env,
                 stdout=log,

@@ -19,15 +19,19 @@ Both servers run at once in this process session. Each repetition measures, for
 each side (order alternating between repetitions): 1 client doing ``--flows1``
 flows one after another (latency of each whole flow), then 20 clients each doing
 ``--flows20`` flows (runs/s = flows / wall time). We report medians over
-repetitions and the median of the per-repetition ratios.
+repetitions and the median of the per-repetition ratios. We also read each server's
+CPU time (/proc/<pid>/stat, the whole process group for ``langgraph dev``) around
+every load: CPU per flow and cores busy say whether a side is CPU-bound.
 
 ``python -m bench.http_throughput [--reps N] [--quick]``
+``python -m bench.http_throughput --profile``: cProfile of our server under 20 clients.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import re
 import statistics
 import tempfile
@@ -43,7 +47,7 @@ from langgraph_sdk.client import LangGraphClient
 
 from bench import markdown_table, median, pg_schema
 from bench._http import async_client, follow, state_is
-from bench._proc import Agentrt, LanggraphDev
+from bench._proc import Agentrt, LanggraphDev, cpu_seconds
 
 QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
 EAST = {"user_id": "u-ops-001", "tenant_id": "demo-retail", "scope": ["sales_region:east"]}
@@ -98,13 +102,18 @@ class Load:
     flows: int
     wall_s: float
     latencies: list[float]
+    cpu_s: float
+    """CPU time the server process(es) used during the load."""
 
     @property
     def runs_per_s(self) -> float:
         return self.flows / self.wall_s
 
 
-async def load(flow: Flow, clients: int, flows_per_client: int) -> Load:
+CpuMeter = Callable[[], float]
+
+
+async def load(flow: Flow, clients: int, flows_per_client: int, cpu: CpuMeter) -> Load:
     latencies: list[float] = []
 
     async def client() -> None:
@@ -113,9 +122,10 @@ async def load(flow: Flow, clients: int, flows_per_client: int) -> Load:
             await flow()
             latencies.append(time.perf_counter() - t0)
 
-    t0 = time.perf_counter()
+    c0, t0 = cpu(), time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
-    return Load(clients * flows_per_client, time.perf_counter() - t0, latencies)
+    wall, cpu_s = time.perf_counter() - t0, cpu() - c0
+    return Load(clients * flows_per_client, wall, latencies, cpu_s)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -141,6 +151,16 @@ class SideResult:
     @property
     def p95(self) -> float:
         return median([pct(x.latencies, 0.95) for x in self.loads])
+
+    @property
+    def cpu_per_flow(self) -> float:
+        """Median over repetitions of the server's CPU seconds per flow."""
+        return median([x.cpu_s / x.flows for x in self.loads])
+
+    @property
+    def cpu_share(self) -> float:
+        """Median over repetitions of server CPU seconds per wall second (1.0 = one core)."""
+        return median([x.cpu_s / x.wall_s for x in self.loads])
 
 
 @dataclass
@@ -170,6 +190,8 @@ class ThroughputResult:
             f"{self.pair_ratio:.2f}x",
             f"{o.p50 * 1000:.0f} / {o.p95 * 1000:.0f} ms",
             f"{p.p50 * 1000:.0f} / {p.p95 * 1000:.0f} ms",
+            f"{o.cpu_per_flow * 1000:.0f} / {p.cpu_per_flow * 1000:.0f} ms",
+            f"{o.cpu_share:.2f} / {p.cpu_share:.2f}",
         ]
 
 
@@ -182,6 +204,8 @@ HEADER = [
     "ours/peer runs/s (median of reps)",
     "ours flow p50 / p95",
     "langgraph dev flow p50 / p95",
+    "server CPU per flow, ours / peer",
+    "server cores busy, ours / peer",
 ]
 
 
@@ -215,29 +239,31 @@ class HttpResult:
 
 
 async def _measure(
-    ours_url: str, peer_url: str, reps: int, flows1: int, flows20: int, warmup: int
+    ours: Agentrt, peer: LanggraphDev, reps: int, flows1: int, flows20: int, warmup: int
 ) -> HttpResult:
-    async with async_client(ours_url) as http:
-        lg = get_client(url=peer_url, api_key=None, timeout=120.0)
+    ours_cpu: CpuMeter = lambda: cpu_seconds(ours.pid)  # noqa: E731
+    peer_cpu: CpuMeter = lambda: cpu_seconds(peer.pid, group=True)  # noqa: E731
+    async with async_client(ours.base_url) as http:
+        lg = get_client(url=peer.url, api_key=None, timeout=120.0)
         try:
-            ours: Flow = lambda: ours_flow(http)  # noqa: E731
-            peer: Flow = lambda: peer_flow(lg)  # noqa: E731
+            of: Flow = lambda: ours_flow(http)  # noqa: E731
+            pf: Flow = lambda: peer_flow(lg)  # noqa: E731
             for _ in range(warmup):
-                await ours()
-                await peer()
-            await load(ours, 20, 1)  # warm the connection pools at the concurrency used
-            await load(peer, 20, 1)
+                await of()
+                await pf()
+            await load(of, 20, 1, ours_cpu)  # warm the connection pools at the concurrency used
+            await load(pf, 20, 1, peer_cpu)
             per = {n: (SideResult(), SideResult()) for n in CLIENTS}
             for i in range(reps):
                 for n in CLIENTS:
                     flows = flows1 if n == 1 else flows20
                     o, p = per[n]
                     if i % 2 == 0:
-                        o.loads.append(await load(ours, n, flows))
-                        p.loads.append(await load(peer, n, flows))
+                        o.loads.append(await load(of, n, flows, ours_cpu))
+                        p.loads.append(await load(pf, n, flows, peer_cpu))
                     else:
-                        p.loads.append(await load(peer, n, flows))
-                        o.loads.append(await load(ours, n, flows))
+                        p.loads.append(await load(pf, n, flows, peer_cpu))
+                        o.loads.append(await load(of, n, flows, ours_cpu))
         finally:
             await lg.http.client.aclose()
     return HttpResult([ThroughputResult(n, *per[n]) for n in CLIENTS])
@@ -254,10 +280,46 @@ def measure(reps: int = 5, flows1: int = 10, flows20: int = 3, warmup: int = 3) 
             ours.start(wait=False)
             peer.start()
             ours.wait_started()
-            return asyncio.run(_measure(ours.base_url, peer.url, reps, flows1, flows20, warmup))
+            return asyncio.run(_measure(ours, peer, reps, flows1, flows20, warmup))
         finally:
             ours.stop()
             peer.stop()
+
+
+def profile(clients: int = 20, flows_per_client: int = 5, top: int = 35) -> str:
+    """cProfile of our server (its main thread: the event loop) under ``clients`` clients."""
+    import pstats
+
+    with tempfile.TemporaryDirectory(prefix="bench-http-prof-") as tmpdir, pg_schema() as url:
+        tmp = Path(tmpdir)
+        ours = Agentrt(
+            tmp,
+            url,
+            env={"AGENT_RUNTIME_WORKER_CONCURRENCY": "20"},
+            profile_to=tmp / "server.prof",
+        )
+
+        async def drive() -> Load:
+            async with async_client(ours.base_url) as http:
+                flow: Flow = lambda: ours_flow(http)  # noqa: E731
+                await load(flow, clients, 1, lambda: cpu_seconds(ours.pid))
+                return await load(flow, clients, flows_per_client, lambda: cpu_seconds(ours.pid))
+
+        try:
+            ours.start()
+            got = asyncio.run(drive())
+        finally:
+            ours.stop()  # SIGTERM: uvicorn returns, cProfile writes its file
+        out = io.StringIO()
+        out.write(
+            f"{got.flows} flows, {got.runs_per_s:.1f} runs/s, "
+            f"server CPU {got.cpu_s / got.flows * 1000:.0f} ms/flow "
+            f"({got.cpu_s / got.wall_s:.2f} cores), including start-up and warm-up below\n"
+        )
+        stats = pstats.Stats(str(tmp / "server.prof"), stream=out)
+        stats.sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(top)
+        return out.getvalue()
 
 
 def main() -> None:
@@ -266,7 +328,11 @@ def main() -> None:
     parser.add_argument("--flows1", type=int, default=10, help="flows of the single client")
     parser.add_argument("--flows20", type=int, default=3, help="flows of each of 20 clients")
     parser.add_argument("--quick", action="store_true", help="3 reps, fewer flows")
+    parser.add_argument("--profile", action="store_true", help="cProfile our server, 20 clients")
     args = parser.parse_args()
+    if args.profile:
+        print(profile())
+        return
     if args.quick:
         args.reps, args.flows1, args.flows20 = 3, 5, 2
     result = measure(args.reps, args.flows1, args.flows20)
