@@ -102,7 +102,12 @@ class Proc:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+            # uvicorn re-raises the signal it caught once it has shut down: SIGINT then
+            # ends a profiled server with KeyboardInterrupt, so cProfile writes its file.
+            if getattr(self, "profile_to", None) is not None:
+                self.proc.send_signal(signal.SIGINT)
+            else:
+                self.proc.terminate()
             try:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:

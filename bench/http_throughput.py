@@ -47,6 +47,7 @@ from langgraph_sdk.client import LangGraphClient
 
 from bench import markdown_table, median, pg_schema
 from bench._http import async_client, follow, state_is
+from bench._pg import BackendCpu, committed, pg_database
 from bench._proc import Agentrt, LanggraphDev, cpu_seconds
 
 QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
@@ -104,6 +105,8 @@ class Load:
     latencies: list[float]
     cpu_s: float
     """CPU time the server process(es) used during the load."""
+    db_cpu_s: float = 0.0
+    """CPU time of the PostgreSQL backends of our server's database (0 for the peer)."""
 
     @property
     def runs_per_s(self) -> float:
@@ -113,7 +116,13 @@ class Load:
 CpuMeter = Callable[[], float]
 
 
-async def load(flow: Flow, clients: int, flows_per_client: int, cpu: CpuMeter) -> Load:
+def no_cpu() -> float:
+    return 0.0
+
+
+async def load(
+    flow: Flow, clients: int, flows_per_client: int, cpu: CpuMeter, db_cpu: CpuMeter = no_cpu
+) -> Load:
     latencies: list[float] = []
 
     async def client() -> None:
@@ -122,10 +131,10 @@ async def load(flow: Flow, clients: int, flows_per_client: int, cpu: CpuMeter) -
             await flow()
             latencies.append(time.perf_counter() - t0)
 
-    c0, t0 = cpu(), time.perf_counter()
+    c0, d0, t0 = cpu(), db_cpu(), time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
-    wall, cpu_s = time.perf_counter() - t0, cpu() - c0
-    return Load(clients * flows_per_client, wall, latencies, cpu_s)
+    wall, cpu_s, db_s = time.perf_counter() - t0, cpu() - c0, db_cpu() - d0
+    return Load(clients * flows_per_client, wall, latencies, cpu_s, db_s)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -156,6 +165,10 @@ class SideResult:
     def cpu_per_flow(self) -> float:
         """Median over repetitions of the server's CPU seconds per flow."""
         return median([x.cpu_s / x.flows for x in self.loads])
+
+    @property
+    def db_cpu_per_flow(self) -> float:
+        return median([x.db_cpu_s / x.flows for x in self.loads])
 
     @property
     def cpu_share(self) -> float:
@@ -191,6 +204,7 @@ class ThroughputResult:
             f"{o.p50 * 1000:.0f} / {o.p95 * 1000:.0f} ms",
             f"{p.p50 * 1000:.0f} / {p.p95 * 1000:.0f} ms",
             f"{o.cpu_per_flow * 1000:.0f} / {p.cpu_per_flow * 1000:.0f} ms",
+            f"{o.db_cpu_per_flow * 1000:.0f} ms",
             f"{o.cpu_share:.2f} / {p.cpu_share:.2f}",
         ]
 
@@ -205,6 +219,7 @@ HEADER = [
     "ours flow p50 / p95",
     "langgraph dev flow p50 / p95",
     "server CPU per flow, ours / peer",
+    "PostgreSQL CPU per flow, ours",
     "server cores busy, ours / peer",
 ]
 
@@ -212,6 +227,8 @@ HEADER = [
 @dataclass
 class HttpResult:
     rows: list[ThroughputResult]
+    tx_per_flow: float
+    """PostgreSQL transactions committed in our server's database per flow."""
 
     def by_clients(self, n: int) -> ThroughputResult:
         return next(r for r in self.rows if r.clients == n)
@@ -239,8 +256,15 @@ class HttpResult:
 
 
 async def _measure(
-    ours: Agentrt, peer: LanggraphDev, reps: int, flows1: int, flows20: int, warmup: int
+    ours: Agentrt,
+    peer: LanggraphDev,
+    db_url: str,
+    reps: int,
+    flows1: int,
+    flows20: int,
+    warmup: int,
 ) -> HttpResult:
+    db_cpu = BackendCpu(db_url)
     ours_cpu: CpuMeter = lambda: cpu_seconds(ours.pid)  # noqa: E731
     peer_cpu: CpuMeter = lambda: cpu_seconds(peer.pid, group=True)  # noqa: E731
     async with async_client(ours.base_url) as http:
@@ -253,24 +277,30 @@ async def _measure(
                 await pf()
             await load(of, 20, 1, ours_cpu)  # warm the connection pools at the concurrency used
             await load(pf, 20, 1, peer_cpu)
+            await asyncio.sleep(1.5)  # pg_stat_database is flushed about every second
+            tx0 = committed(db_url)
             per = {n: (SideResult(), SideResult()) for n in CLIENTS}
             for i in range(reps):
                 for n in CLIENTS:
                     flows = flows1 if n == 1 else flows20
                     o, p = per[n]
                     if i % 2 == 0:
-                        o.loads.append(await load(of, n, flows, ours_cpu))
+                        o.loads.append(await load(of, n, flows, ours_cpu, db_cpu))
                         p.loads.append(await load(pf, n, flows, peer_cpu))
                     else:
                         p.loads.append(await load(pf, n, flows, peer_cpu))
-                        o.loads.append(await load(of, n, flows, ours_cpu))
+                        o.loads.append(await load(of, n, flows, ours_cpu, db_cpu))
+            await asyncio.sleep(1.5)
+            tx = committed(db_url) - tx0
         finally:
             await lg.http.client.aclose()
-    return HttpResult([ThroughputResult(n, *per[n]) for n in CLIENTS])
+            db_cpu.close()
+    flows = sum(x.flows for o, _ in per.values() for x in o.loads)
+    return HttpResult([ThroughputResult(n, *per[n]) for n in CLIENTS], tx / flows)
 
 
 def measure(reps: int = 5, flows1: int = 10, flows20: int = 3, warmup: int = 3) -> HttpResult:
-    with tempfile.TemporaryDirectory(prefix="bench-http-") as tmpdir, pg_schema() as url:
+    with tempfile.TemporaryDirectory(prefix="bench-http-") as tmpdir, pg_database() as url:
         tmp = Path(tmpdir)
         (tmp / "ours").mkdir()
         (tmp / "peer").mkdir()
@@ -280,7 +310,7 @@ def measure(reps: int = 5, flows1: int = 10, flows20: int = 3, warmup: int = 3) 
             ours.start(wait=False)
             peer.start()
             ours.wait_started()
-            return asyncio.run(_measure(ours, peer, reps, flows1, flows20, warmup))
+            return asyncio.run(_measure(ours, peer, url, reps, flows1, flows20, warmup))
         finally:
             ours.stop()
             peer.stop()
@@ -309,7 +339,7 @@ def profile(clients: int = 20, flows_per_client: int = 5, top: int = 35) -> str:
             ours.start()
             got = asyncio.run(drive())
         finally:
-            ours.stop()  # SIGTERM: uvicorn returns, cProfile writes its file
+            ours.stop()  # SIGINT: cProfile writes its file
         out = io.StringIO()
         out.write(
             f"{got.flows} flows, {got.runs_per_s:.1f} runs/s, "
@@ -319,6 +349,8 @@ def profile(clients: int = 20, flows_per_client: int = 5, top: int = 35) -> str:
         stats = pstats.Stats(str(tmp / "server.prof"), stream=out)
         stats.sort_stats("tottime").print_stats(top)
         stats.sort_stats("cumulative").print_stats(top)
+        # Which run-store methods are called, how often (each is one transaction or more).
+        stats.sort_stats("ncalls").print_stats(r"runtime/store/", 30)
         return out.getvalue()
 
 
@@ -337,6 +369,7 @@ def main() -> None:
         args.reps, args.flows1, args.flows20 = 3, 5, 2
     result = measure(args.reps, args.flows1, args.flows20)
     print(markdown_table(HEADER, [r.row() for r in result.rows]))
+    print(f"PostgreSQL transactions per flow (ours): {result.tx_per_flow:.0f}")
     print(markdown_table(["target", "result"], [list(v) for v in result.verdicts()]))
 
 
