@@ -1,6 +1,9 @@
 """Run every benchmark and print one report: ``python -m bench.run`` (``make bench``).
 
-Options: ``--reps N`` pairs per store for the overhead benchmark (default 25).
+Options: ``--reps N`` pairs per store for the overhead benchmark (default 25);
+``--quick`` (or ``BENCH_QUICK=1`` in the environment) for fewer repetitions and
+2,000 instead of 10,000 parked runs; ``--only NAME`` (repeatable) to run some of
+overhead, checkpoint_size, http, parked, takeover.
 """
 
 from __future__ import annotations
@@ -12,10 +15,22 @@ import platform
 import sqlite3
 import time
 from importlib import metadata
+from pathlib import Path
 
 import psycopg
 
-from bench import PG_URL, TOOL_STEPS, checkpoint_size, markdown_table, overhead
+from bench import (
+    PG_URL,
+    TOOL_STEPS,
+    checkpoint_size,
+    http_throughput,
+    markdown_table,
+    overhead,
+    parked,
+    takeover,
+)
+
+PARTS = ("overhead", "checkpoint_size", "http", "parked", "takeover")
 
 
 def machine() -> list[tuple[str, str]]:
@@ -48,29 +63,81 @@ def machine() -> list[tuple[str, str]]:
     ]
 
 
+def load_line() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=25)
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")))
+    parser.add_argument("--only", action="append", choices=PARTS)
     args = parser.parse_args()
+    quick = args.quick
+    reps = args.reps if args.reps is not None else (10 if quick else 25)
+    parts = set(args.only or PARTS)
     t0 = time.perf_counter()
+    misses: list[str] = []
     print("## Machine\n")
     print(markdown_table(["", ""], [list(kv) for kv in machine()]))
+    print(f"\nLoad average at start: {load_line()}{' (quick run)' if quick else ''}")
 
-    print(
-        f"\n## Runtime overhead: {TOOL_STEPS} no-op tool steps then finish, "
-        f'durability="sync", {args.reps} alternating pairs per store\n',
-        flush=True,
-    )
-    results = [asyncio.run(overhead.measure(s, args.reps)) for s in ("sqlite", "postgres")]
-    print(markdown_table(overhead.HEADER, [r.row() for r in results]), flush=True)
+    if "overhead" in parts:
+        print(
+            f"\n## Runtime overhead: {TOOL_STEPS} no-op tool steps then finish, "
+            f'durability="sync", {reps} alternating pairs per store\n',
+            flush=True,
+        )
+        results = [asyncio.run(overhead.measure(s, reps)) for s in ("sqlite", "postgres")]
+        print(markdown_table(overhead.HEADER, [r.row() for r in results]), flush=True)
+        misses += [f"overhead on {r.store}" for r in results if not r.within_target]
 
-    print("\n## Checkpoint size: latest checkpoint of the run vs a 10 B tool output\n")
-    sizes = [r for s in ("sqlite", "postgres") for r in asyncio.run(checkpoint_size.measure(s))]
-    print(markdown_table(checkpoint_size.HEADER, [r.row() for r in sizes]))
+    if "checkpoint_size" in parts:
+        print("\n## Checkpoint size: latest checkpoint of the run vs a 10 B tool output\n")
+        sizes = [r for s in ("sqlite", "postgres") for r in asyncio.run(checkpoint_size.measure(s))]
+        print(markdown_table(checkpoint_size.HEADER, [r.row() for r in sizes]), flush=True)
+        misses += [f"checkpoint growth {r.store} {r.label}" for r in sizes if not r.within_target]
 
-    misses = [f"overhead on {r.store}" for r in results if not r.within_target]
-    misses += [f"checkpoint growth {r.store} {r.label}" for r in sizes if not r.within_target]
-    print(f"\nTook {time.perf_counter() - t0:.0f} s.", end=" ")
+    if "http" in parts:
+        h_reps, flows1, flows20 = (3, 5, 2) if quick else (5, 6, 3)
+        print(
+            "\n## HTTP: demo flow (create → waiting_human → approve → succeeded), "
+            f"ours on PostgreSQL vs langgraph dev, {h_reps} alternating repetitions\n",
+            flush=True,
+        )
+        http = http_throughput.measure(h_reps, flows1, flows20)
+        print(markdown_table(http_throughput.HEADER, [r.row() for r in http.rows]))
+        print(f"\nPostgreSQL transactions per flow (ours): {http.tx_per_flow:.0f}\n")
+        print(markdown_table(["target", "result"], [list(v) for v in http.verdicts()]), flush=True)
+        misses += [t for t, v in http.verdicts() if not v.startswith("met")]
+
+    if "parked" in parts:
+        n, sample = (2_000, 20) if quick else (10_000, 30)
+        print(f"\n## Parked runs: {n:,} runs in waiting_human in one server\n", flush=True)
+        park = parked.measure(n, sample)
+        print(markdown_table(parked.HEADER, park.rows()))
+        print()
+        print(markdown_table(parked.LATENCY_HEADER, park.latency_rows()), flush=True)
+        if not park.within_target:
+            misses.append("parked run memory")
+
+    if "takeover" in parts:
+        t_reps = 3 if quick else 5
+        print(
+            f"\n## Takeover: worker holding {takeover.RUNS} running runs SIGKILLed, "
+            f"{t_reps} repetitions\n",
+            flush=True,
+        )
+        tk = takeover.measure(t_reps)
+        print(markdown_table(takeover.HEADER, [tk.row()]), flush=True)
+        if not tk.within_target:
+            misses.append("takeover time")
+
+    print(f"\nLoad average at end: {load_line()}")
+    print(f"Took {time.perf_counter() - t0:.0f} s.", end=" ")
     print("Targets missed: " + ", ".join(misses) if misses else "All targets met.")
 
 
