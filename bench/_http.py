@@ -1,38 +1,57 @@
 """Every HTTP request the benchmarks make to *our* server goes through this module.
 
-When the server requires authentication (``Authorization: Bearer <token>`` on every
-route but ``/healthz``), set ``AGENT_RUNTIME_TOKEN`` in the benchmark's environment:
-:func:`server_headers` adds it to every request, and :func:`server_env` passes it to
-the server and worker processes the benchmarks start. Requests to ``langgraph dev``
-(the peer) do not use it.
+The servers the benchmarks start accept HS256 JWTs signed with a secret made for this
+benchmark process (:func:`server_env`); every request carries a token for the user who
+starts runs (:func:`server_headers`), approvals one for a second user with the approver
+role (:func:`approver_headers`), as four-eyes requires. The per-tenant run and stream
+limits are lifted: the benchmarks measure throughput, not those limits. Requests to
+``langgraph dev`` (the peer) carry no token.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+import jwt
 
-TOKEN_ENV = "AGENT_RUNTIME_TOKEN"
+_SECRET = secrets.token_urlsafe(32)
+TENANT = "bench"
+
+
+def _bearer(user: str, roles: list[str]) -> dict[str, str]:
+    claims = {
+        "sub": user,
+        "tenant_id": TENANT,
+        "roles": roles,
+        "scope": "*",
+        "exp": int(time.time()) + 86_400,
+    }
+    return {"Authorization": f"Bearer {jwt.encode(claims, _SECRET, algorithm='HS256')}"}
 
 
 def server_headers() -> dict[str, str]:
-    """Headers every request to our server carries (``Authorization`` once auth is on)."""
-    token = os.environ.get(TOKEN_ENV)
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    """Headers every request to our server carries: the user who starts the runs."""
+    return _bearer("bench-ops", [])
+
+
+def approver_headers() -> dict[str, str]:
+    """A second user of the tenant, with the approver role."""
+    return _bearer("bench-mgr", ["approver"])
 
 
 def server_env() -> dict[str, str]:
-    """Environment a benchmark's server/worker subprocess needs for :func:`server_headers`.
-
-    The integrator maps the token onto whatever setting the server reads (e.g.
-    ``AGENT_RUNTIME_API_TOKENS``); today the token is passed through unchanged.
-    """
-    token = os.environ.get(TOKEN_ENV)
-    return {TOKEN_ENV: token} if token else {}
+    """Settings of a benchmark's server/worker subprocesses."""
+    return {
+        "AGENT_RUNTIME_JWT_HS256_SECRET": _SECRET,
+        "AGENT_RUNTIME_BOOTSTRAP_LOCAL_KEYS": "false",
+        "AGENT_RUNTIME_MAX_ACTIVE_RUNS_PER_TENANT": "1000000",
+        "AGENT_RUNTIME_MAX_STREAMS_PER_PRINCIPAL": "100000",
+    }
 
 
 def async_client(base_url: str, connections: int = 100, timeout: float = 60) -> httpx.AsyncClient:

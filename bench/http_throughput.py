@@ -46,12 +46,12 @@ from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 
 from bench import markdown_table, median, pg_schema
-from bench._http import async_client, follow, state_is
+from bench._http import approver_headers, async_client, follow, state_is
 from bench._pg import BackendCpu, committed, pg_database
 from bench._proc import Agentrt, LanggraphDev, cpu_seconds
 
 QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
-EAST = {"user_id": "u-ops-001", "tenant_id": "demo-retail", "scope": ["sales_region:east"]}
+EAST = {"scope": ["sales_region:east"]}  # who: the token (bench._http)
 PEER_GRAPH = "retail_analyst"
 PEER_INPUT: dict[str, Any] = {"input": QUESTION, "context": {"scope": ["sales_region:east"]}}
 CLIENTS = (1, 20)
@@ -76,7 +76,8 @@ async def ours_flow(http: httpx.AsyncClient) -> None:
         approval_id = run["pending_approval"]["approval_id"]
     resp = await http.post(
         f"/runs/{run_id}/approvals/{approval_id}",
-        json={"decision": "approve", "decided_by": "u-mgr-002", "comment": "ok"},
+        json={"decision": "approve", "comment": "ok"},
+        headers=approver_headers(),
     )
     assert resp.status_code == 202, resp.text
     tail = await follow(http, run_id, state_is("succeeded", "failed"), after=head[-1]["seq"])

@@ -36,7 +36,7 @@ import httpx
 import psycopg
 
 from bench import fmt_bytes, markdown_table, pg_schema
-from bench._http import async_client, follow, state_is
+from bench._http import approver_headers, async_client, follow, state_is
 from bench._proc import Agentrt, rss_bytes
 from bench.agents import EXTRA_AGENTS, PARK_AGENT
 
@@ -99,7 +99,8 @@ async def approve_latency(http: httpx.AsyncClient, run_id: str) -> float:
     t0 = time.perf_counter()
     resp = await http.post(
         f"/runs/{run_id}/approvals/{approval_id}",
-        json={"decision": "approve", "decided_by": "bench"},
+        json={"decision": "approve"},
+        headers=approver_headers(),
     )
     assert resp.status_code == 202, resp.text
     events = await follow(http, run_id, state_is("succeeded", "failed"))
