@@ -92,12 +92,3 @@ class ToolResolver(Protocol):
     def resolve(self, name: str, version: str | None = None) -> ToolSpec | None: ...
 
     def specs(self) -> list[ToolSpec]: ...
-
-
-def redact_args(
-    tools: ToolResolver | None, tool: str, version: str | None, args: Mapping[str, Any]
-) -> dict[str, Any]:
-    """Redact a call's args by its tool's declaration; an unknown tool's args pass as they are
-    (it declared nothing secret)."""
-    spec = tools.resolve(tool, version) if tools is not None else None
-    return spec.redact(args) if spec is not None else dict(args)

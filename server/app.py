@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from runtime.agent import AgentSpec
 from server.api import problems
 from server.api.deps import Services
-from server.api.limits import BodyLimits
+from server.api.limits import RequestLimits
 from server.api.routes import approvals, runs, system
 from server.auth.authenticate import Authenticator
 from server.auth.bootstrap import ensure_local_keys
@@ -32,7 +32,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with open_host(settings, agents, run_worker=run_worker) as host:
-            if settings.bootstrap_local_keys:
+            if settings.bootstraps_local_keys:
                 await ensure_local_keys(host.store, settings.data_dir)
             auth = Authenticator(settings, host.store)
             app.state.services = Services(settings, host.store, host.engine, host.bus, auth)
@@ -47,7 +47,7 @@ def create_app(
     problems.install(app)
 
     app.add_middleware(
-        BodyLimits, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth
+        RequestLimits, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth
     )
     app.include_router(runs.router)
     app.include_router(approvals.router)

@@ -35,8 +35,9 @@ class Settings(BaseSettings):
     Runs parked waiting for a human do not count: they hold no worker."""
     max_streams_per_principal: int = 10
     """Open SSE streams per caller and server process; past it 429."""
-    bootstrap_local_keys: bool = True
-    """With no API key in the store, create a local admin and approver key on start."""
+    bootstrap_local_keys: bool | None = None
+    """With no API key in the store, create a local admin and approver key on start.
+    Unset: only on the embedded default (no database_url), never on a shared database."""
     jwt_hs256_secret: SecretStr | None = None
     """Accept HS256 JWTs signed with this secret (local use)."""
     jwt_public_key_file: Path | None = None
@@ -69,6 +70,12 @@ class Settings(BaseSettings):
     @cached_property
     def resolved_demo_db(self) -> Path:
         return self.demo_db_path or self.data_dir / "retail.db"
+
+    @property
+    def bootstraps_local_keys(self) -> bool:
+        if self.bootstrap_local_keys is None:
+            return self.database_url is None
+        return self.bootstrap_local_keys
 
     def maxima(self) -> Maxima:
         return Maxima(

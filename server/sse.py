@@ -52,9 +52,9 @@ class StreamSlots:
     """Open event streams per caller in this process, so one caller cannot hold them all."""
 
     def __init__(self) -> None:
-        self.open: Counter[str] = Counter()
+        self.open: Counter[tuple[str, str]] = Counter()
 
-    def acquire(self, holder: str, limit: int) -> Callable[[], None]:
+    def acquire(self, holder: tuple[str, str], limit: int) -> Callable[[], None]:
         """Take a slot or raise TOO_MANY_STREAMS; the returned release is idempotent."""
         if self.open[holder] >= limit:
             raise RuntimeProblem(

@@ -43,7 +43,7 @@ class ApprovalQueries(StoreCore):
         limit: int = 100,
     ) -> list[Approval]:
         where, params = ["1 = 1"], []
-        if tenant_id:
+        if tenant_id is not None:
             where.append("run_id IN (SELECT run_id FROM runs WHERE tenant_id = ?)")
             params.append(tenant_id)
         if status:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from runtime.events import EventType
 from runtime.model import Artifact
-from runtime.store.core import StoreCore
+from runtime.store.core import StoreCore, _dec
 
 
 class ArtifactQueries(StoreCore):
@@ -31,19 +31,21 @@ class ArtifactQueries(StoreCore):
                 )
         return artifact
 
-    async def artifact_in_tenant(self, artifact_id: str, tenant_id: str) -> bool:
-        """Whether a run of the tenant wrote (or re-wrote) the artifact.
+    async def artifact_for_tenant(self, artifact_id: str, tenant_id: str) -> Artifact | None:
+        """The artifact as a run of the tenant wrote it (its own name), or None if none did.
 
-        Artifacts are content-addressed across tenants, so the row's own run_id only
-        names the first writer; every writer's run log has the artifact's event.
+        Artifacts are content-addressed across tenants, so the row names only the first
+        writer and its name; every writer's run log has its own artifact event.
         """
         async with self.read() as tx:
             row = await tx.fetchone(
-                "SELECT 1 AS one FROM events e JOIN runs r ON r.run_id = e.run_id "
-                "WHERE e.dedupe_key = ? AND r.tenant_id = ? LIMIT 1",
+                "SELECT e.run_id, e.data FROM events e JOIN runs r ON r.run_id = e.run_id "
+                "WHERE e.dedupe_key = ? AND r.tenant_id = ? ORDER BY e.run_id, e.seq LIMIT 1",
                 (f"artifact:{artifact_id}", tenant_id),
             )
-        return row is not None
+        if row is None:
+            return None
+        return Artifact.model_validate({**_dec(row)["data"], "run_id": row["run_id"]})
 
     async def artifact_exists(self, artifact_id: str) -> bool:
         async with self.read() as tx:

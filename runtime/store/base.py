@@ -168,7 +168,7 @@ class RunStore(
         cursor: str | None = None,
     ) -> tuple[list[Run], str | None]:
         where, params = ["1 = 1"], []
-        if tenant_id:
+        if tenant_id is not None:
             where.append("tenant_id = ?")
             params.append(tenant_id)
         if state:

@@ -97,7 +97,7 @@ def decode_cursor(cursor: str, parts: int = 2) -> list[str]:
     except (ValueError, UnicodeDecodeError):
         decoded = ""
     fields = decoded.split("\x1f")
-    if len(fields) != parts:
+    if len(fields) != parts or "\x00" in decoded:
         raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
     return fields
 

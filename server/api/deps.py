@@ -7,7 +7,6 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from runtime.agent import AgentSpec
 from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
@@ -74,7 +73,3 @@ RunDep = Annotated[Run, Depends(get_run)]
 def may_steer(principal: Principal, run: Run) -> bool:
     """Whether the principal may cancel the run: its own user, or a tenant admin."""
     return principal.user_id == run.context.user_id or principal.has_role(ADMIN)
-
-
-def agent_of(engine: Engine, run: Run) -> AgentSpec | None:
-    return engine.agents.get(run.agent_id)

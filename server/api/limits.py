@@ -1,4 +1,5 @@
-"""Request bodies are read whole, bounded, before any route sees them.
+"""Requests are checked before any route sees them: no NUL in the path or query
+(PostgreSQL text cannot hold one), and bodies are read whole, bounded.
 
 Content-Length alone is no limit: a chunked body has none. And JSON nested a few
 thousand levels deep would blow the parser's (or a validator's) recursion before
@@ -6,6 +7,8 @@ any schema is checked, so depth is counted on the raw bytes first.
 """
 
 from __future__ import annotations
+
+from urllib.parse import unquote_to_bytes
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,17 +43,26 @@ def json_depth_over(body: bytes, limit: int) -> bool:
     return False
 
 
-class BodyLimits:
+class RequestLimits:
     def __init__(self, app: ASGIApp, *, max_bytes: int, max_depth: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_depth = max_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in _WITH_BODY:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path = scope.get("path")
+        if "\x00" in (path or "") or b"\x00" in unquote_to_bytes(scope.get("query_string", b"")):
+            response = problem_response(
+                Code.VALIDATION_ERROR, "the path or query contains a NUL character", instance=None
+            )
+            await response(scope, receive, send)
+            return
+        if scope["method"] not in _WITH_BODY:
+            await self.app(scope, receive, send)
+            return
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             await self._too_large(scope, receive, send, path)

@@ -2,22 +2,54 @@
 
 Events and approvals are written redacted; steps and the ledger keep the real args
 (the planner replays its steps, compensations need them), so they are redacted here,
-on the way out.
+on the way out. A call whose tool cannot be found (a planner's invented tool, an agent
+no longer hosted) shows no values at all: what it declared secret is unknowable.
 """
 
 from __future__ import annotations
 
-from runtime.agent import AgentSpec
-from runtime.model import Step, ToolCall
-from runtime.tooling import redact_args
+from collections.abc import Mapping
+from typing import Any
+
+from runtime.engine import Engine
+from runtime.model import Run, Step, ToolCall
+from runtime.tooling import REDACTED, ToolSpec
 
 
-def redact_steps(agent: AgentSpec | None, steps: list[Step]) -> list[Step]:
-    tools = agent.tools if agent is not None else None
+class RunTools:
+    """The tools a run's calls may have used: its agent's, the deciding sub-agent's, then
+    any hosted agent's (a handed-to agent may keep its own registry)."""
+
+    def __init__(self, engine: Engine, run: Run) -> None:
+        self.engine = engine
+        self.run = run
+
+    def resolve(
+        self, tool: str, version: str | None, agent_id: str | None = None
+    ) -> ToolSpec | None:
+        order = [agent_id, self.run.agent_id, *self.engine.agents]
+        for name in dict.fromkeys(a for a in order if a):
+            agent = self.engine.agents.get(name)
+            spec = agent.tools.resolve(tool, version) if agent is not None else None
+            if spec is not None:
+                return spec
+        return None
+
+    def shown(
+        self, tool: str, version: str | None, args: Mapping[str, Any], agent_id: str | None = None
+    ) -> dict[str, Any]:
+        spec = self.resolve(tool, version, agent_id)
+        if spec is None:
+            return {k: REDACTED for k in args}
+        return spec.redact(args)
+
+
+def redact_steps(tools: RunTools, steps: list[Step]) -> list[Step]:
     out = []
     for step in steps:
+        agent_id = step.decision.agent_id
         calls = [
-            c.model_copy(update={"args": redact_args(tools, c.tool, c.version, c.args)})
+            c.model_copy(update={"args": tools.shown(c.tool, c.version, c.args, agent_id)})
             for c in step.decision.tool_calls
         ]
         decision = step.decision.model_copy(update={"tool_calls": calls})
@@ -25,8 +57,5 @@ def redact_steps(agent: AgentSpec | None, steps: list[Step]) -> list[Step]:
     return out
 
 
-def redact_tool_calls(agent: AgentSpec | None, calls: list[ToolCall]) -> list[ToolCall]:
-    tools = agent.tools if agent is not None else None
-    return [
-        c.model_copy(update={"args": redact_args(tools, c.tool, c.version, c.args)}) for c in calls
-    ]
+def redact_tool_calls(tools: RunTools, calls: list[ToolCall]) -> list[ToolCall]:
+    return [c.model_copy(update={"args": tools.shown(c.tool, c.version, c.args)}) for c in calls]

@@ -37,6 +37,7 @@ def read_local_keys(data_dir: Path) -> dict[str, str]:
 def _write_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # O_CREAT's mode does not tighten a file that already existed
     with os.fdopen(fd, "w") as f:
         f.write(text)
 

@@ -27,6 +27,15 @@ class JwtVerifier:
         self._hs_secret = (
             settings.jwt_hs256_secret.get_secret_value() if settings.jwt_hs256_secret else None
         )
+        if self._hs_secret is not None and len(self._hs_secret.encode()) < 32:
+            raise ValueError("AGENT_RUNTIME_JWT_HS256_SECRET must be at least 32 bytes")
+        rs256 = settings.jwt_public_key_file is not None or settings.jwt_jwks_file is not None
+        if rs256 and not (settings.jwt_audience and settings.jwt_issuer):
+            # A shared identity provider signs tokens for other applications too.
+            raise ValueError(
+                "RS256 JWTs need AGENT_RUNTIME_JWT_AUDIENCE and AGENT_RUNTIME_JWT_ISSUER, "
+                "or tokens issued for other applications would be accepted"
+            )
         self._rs_key: Any = None
         if settings.jwt_public_key_file is not None:
             self._rs_key = settings.jwt_public_key_file.read_text()

@@ -5,16 +5,11 @@ from __future__ import annotations
 import pytest
 
 from tests.api.conftest import Api
-from tests.api.test_auth_matrix import parked_demo_run, problem
+from tests.api.helpers import count_runs, parked_demo_run, problem
 from tests.auth import MGR, bearer
 
 OPS_APPROVER = bearer(roles=["approver"])
 """The runs' own user (u-ops-001), who also holds the approver role."""
-
-
-async def count_runs(api: Api) -> int:
-    runs, _ = await api.engine_services.store.list_runs(limit=200)
-    return len(runs)
 
 
 async def test_four_eyes_the_runs_own_user_cannot_approve(api: Api) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 
 from runtime.ledger import StoreArtifacts
 from tests.api.conftest import Api
+from tests.api.helpers import parked_demo_run, problem
 from tests.auth import MGR, bearer
 
 EVE = bearer(user="u-eve", tenant="other-co", roles=["approver", "admin"])
@@ -17,22 +17,6 @@ EVE = bearer(user="u-eve", tenant="other-co", roles=["approver", "admin"])
 COLLEAGUE = bearer(user="u-ops-777")
 """Same tenant as the run's user, no role."""
 PUBLIC = {("GET", "/healthz")}
-
-
-async def parked_demo_run(api: Api) -> tuple[str, str, str]:
-    """A demo run parked at its approval: (run_id, approval_id, the report's artifact_id)."""
-    run = await api.create()
-    await api.wait_event(run["run_id"], lambda e: e["data"].get("to") == "waiting_human")
-    events = await api.events(run["run_id"])
-    approval_id = next(e for e in events if e["type"] == "approval_request")["data"]["approval_id"]
-    artifact_id = next(e for e in events if e["type"] == "artifact")["data"]["artifact_id"]
-    return run["run_id"], approval_id, artifact_id
-
-
-def problem(resp: httpx.Response, status: int, code: str) -> None:
-    assert resp.status_code == status, resp.text
-    assert resp.headers["content-type"].startswith("application/problem+json")
-    assert resp.json()["code"] == code
 
 
 async def test_every_endpoint_needs_the_right_principal(api: Api) -> None:
@@ -171,12 +155,17 @@ async def test_an_artifact_both_tenants_wrote_is_each_ones_own(api: Api) -> None
     # The echo tool's outputs are small and inline: write the same bytes for both runs.
     store = api.engine_services.store
     a = await StoreArtifacts(store, ours["run_id"]).put(b"same bytes", "text/plain", "a.txt")
-    b = await StoreArtifacts(store, theirs["run_id"]).put(b"same bytes", "text/plain", "b.txt")
+    b = await StoreArtifacts(store, theirs["run_id"]).put(b"same bytes", "text/plain", "报告.md")
     assert a.artifact_id == b.artifact_id
-    for headers in ({}, acme):
+    for headers, name in (
+        ({}, 'filename="a.txt"'),
+        (acme, "filename*=UTF-8''%E6%8A%A5%E5%91%8A.md"),
+    ):
         resp = await api.client.get(f"/artifacts/{a.artifact_id}", headers=headers)
         assert resp.status_code == 200 and resp.content == b"same bytes"
         assert resp.headers["x-content-type-options"] == "nosniff"
+        # Each tenant sees its own name for the bytes, never the other's.
+        assert name in resp.headers["content-disposition"], resp.headers["content-disposition"]
     problem(
         await api.client.get(f"/artifacts/{a.artifact_id}", headers=EVE), 404, "ARTIFACT_NOT_FOUND"
     )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import time
 from collections.abc import AsyncIterator
@@ -19,7 +22,7 @@ from server.auth.bootstrap import ensure_local_keys, read_local_keys
 from server.auth.keys import create_key, hash_secret
 from server.settings import Settings
 from tests.api.conftest import Api
-from tests.api.test_auth_matrix import problem
+from tests.api.helpers import problem
 from tests.auth import TEST_JWT_SECRET, token
 
 
@@ -32,6 +35,17 @@ def claims(**over: Any) -> dict[str, Any]:
         "exp": int(time.time()) + 600,
     }
     return {**base, **over}
+
+
+def hs256_with(key: bytes, payload: dict[str, Any]) -> str:
+    """An HS256 token keyed with ``key``, built by hand: PyJWT refuses to sign with a PEM."""
+
+    def b64(data: bytes) -> bytes:
+        return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+    signing = b64(b'{"alg":"HS256","typ":"JWT"}') + b"." + b64(json.dumps(payload).encode())
+    signature = b64(hmac.new(key, signing, hashlib.sha256).digest())
+    return (signing + b"." + signature).decode()
 
 
 def without_exp() -> dict[str, Any]:
@@ -139,15 +153,23 @@ async def test_rs256_with_a_public_key_or_jwks(
         for bad in (
             jwt.encode({**good, "iss": "https://evil"}, private, algorithm="RS256"),
             jwt.encode({**good, "aud": "other"}, private, algorithm="RS256"),
-            # HS256 signed with the public key: the classic algorithm-confusion attack.
-            jwt.encode(good, "x" * 64, algorithm="HS256"),
+            # HS256 keyed with the public key's PEM: the classic algorithm confusion.
+            hs256_with(pem.read_bytes() if source == "public_key" else jwks.read_bytes(), good),
         ):
             resp = await client.get("/runs", headers={"Authorization": f"Bearer {bad}"})
             problem(resp, 401, "UNAUTHENTICATED")
 
 
+def test_local_keys_are_made_only_on_the_embedded_default_unless_asked() -> None:
+    assert Settings(database_url=None).bootstraps_local_keys
+    assert not Settings(database_url="postgresql://db/agents").bootstraps_local_keys
+    asked = Settings(database_url="postgresql://db/a", bootstrap_local_keys=True)
+    assert asked.bootstraps_local_keys
+    assert not Settings(bootstrap_local_keys=False).bootstraps_local_keys
+
+
 async def test_first_start_creates_local_keys_once(database_url: str, data_dir: Path) -> None:
-    settings = Settings(data_dir=data_dir, database_url=database_url)
+    settings = Settings(data_dir=data_dir, database_url=database_url, bootstrap_local_keys=True)
     async for client in serve(settings):
         keys = read_local_keys(data_dir)
         assert set(keys) == {"admin", "approver"}
@@ -162,3 +184,14 @@ async def test_first_start_creates_local_keys_once(database_url: str, data_dir: 
         assert await ensure_local_keys(store, data_dir) is not None
         assert read_local_keys(data_dir) == keys  # not replaced on the next start
         assert len(await store.list_api_keys()) == 2
+
+
+def test_risky_jwt_settings_refuse_to_start(tmp_path: Path) -> None:
+    from server.auth.jwt_tokens import JwtVerifier
+
+    with pytest.raises(ValueError, match="at least 32 bytes"):
+        JwtVerifier(Settings(jwt_hs256_secret="short"))
+    pem = tmp_path / "k.pem"
+    pem.write_text("unused")
+    with pytest.raises(ValueError, match="AUDIENCE"):
+        JwtVerifier(Settings(jwt_public_key_file=pem, jwt_issuer="https://idp"))

@@ -12,13 +12,8 @@ import pytest
 from server.app import create_app
 from server.settings import Settings
 from tests.api.conftest import Api, make_settings
-from tests.api.test_auth_matrix import problem
+from tests.api.helpers import count_runs, problem
 from tests.auth import OPS, bearer
-
-
-async def count_runs(api: Api) -> int:
-    runs, _ = await api.engine_services.store.list_runs(limit=200)
-    return len(runs)
 
 
 async def test_chunked_body_over_the_limit_is_413(api: Api) -> None:
@@ -127,3 +122,18 @@ async def test_active_runs_per_tenant_are_capped(limited: Settings) -> None:
             assert (await client.post("/runs", json=slow)).status_code == 201
             for run in (await client.get("/runs")).json()["items"]:
                 await client.post(f"/runs/{run['run_id']}/cancel")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/runs/run-a%00b",
+        "/artifacts/%00",
+        "/approvals?run_id=%00",
+        "/runs?agent_id=x%00",
+        "/runs?cursor=AAA%3D",  # base64 of NUL bytes
+        "/runs/run-a/events?after=1%00",
+    ],
+)
+async def test_nul_in_path_or_query_is_422(api: Api, url: str) -> None:
+    problem(await api.client.get(url), 422, "VALIDATION_ERROR")

@@ -49,3 +49,15 @@ async def test_secret_args_are_redacted_everywhere(
     assert trace["tool_calls"][0]["args"]["password"] == "[redacted]"
     assert trace["steps"][0]["decision"]["tool_calls"][0]["args"]["password"] == "[redacted]"
     assert all(SECRET not in record.getMessage() for record in caplog.records)
+
+
+async def test_args_of_an_unknown_tool_show_no_values(api: Api) -> None:
+    """What an unknown tool declared secret is unknowable: its call shows keys only."""
+    run = await api.create(agent_id="wanderer", input="go", context={})
+    assert (await api.settle(run["run_id"]))["state"] == "succeeded"
+    steps = (await api.client.get(f"/runs/{run['run_id']}/steps")).json()
+    assert steps[0]["decision"]["tool_calls"][0] == {
+        "tool": "teleport",
+        "version": None,
+        "args": {"where": "[redacted]"},
+    }

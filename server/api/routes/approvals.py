@@ -11,8 +11,9 @@ from pydantic import Field
 from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
 from runtime.model import Approval, ApprovalStatus, Run, Strict
-from server.api.deps import EngineDep, PrincipalDep, RunDep, StoreDep, agent_of
+from server.api.deps import EngineDep, PrincipalDep, RunDep, StoreDep
 from server.api.problems import PROBLEM_RESPONSES
+from server.api.redaction import RunTools
 from server.auth.principal import APPROVER
 
 router = APIRouter(tags=["approvals"], responses=PROBLEM_RESPONSES)
@@ -70,7 +71,6 @@ async def decide(
 
 def four_eyes(engine: Engine, run: Run, tool_ref: str) -> bool:
     """Whether the tool forbids self-approval; an unknown tool is treated as if it did."""
-    agent = agent_of(engine, run)
     name, _, version = tool_ref.partition("@")
-    spec = agent.tools.resolve(name, version or None) if agent is not None else None
+    spec = RunTools(engine, run).resolve(name, version or None)
     return spec is None or spec.four_eyes

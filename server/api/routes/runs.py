@@ -28,11 +28,10 @@ from server.api.deps import (
     RunDep,
     ServicesDep,
     StoreDep,
-    agent_of,
     may_steer,
 )
 from server.api.problems import PROBLEM_RESPONSES
-from server.api.redaction import redact_steps, redact_tool_calls
+from server.api.redaction import RunTools, redact_steps, redact_tool_calls
 from server.auth import Principal
 from server.sse import event_stream
 
@@ -159,7 +158,7 @@ async def run_events(
         events = await services.store.list_events(run.run_id, start, limit=100_000)
         return JSONResponse([e.model_dump(mode="json") for e in events])
     release = services.streams.acquire(
-        f"{principal.tenant_id}/{principal.user_id}", services.settings.max_streams_per_principal
+        (principal.tenant_id, principal.user_id), services.settings.max_streams_per_principal
     )
     stream = event_stream(
         services.store, services.bus, run.run_id, start, services.settings.sse_keepalive_s
@@ -173,21 +172,21 @@ async def run_events(
 
 @router.get("/runs/{run_id}/steps", response_model=list[Step])
 async def run_steps(run: RunDep, store: StoreDep, engine: EngineDep) -> list[Step]:
-    return redact_steps(agent_of(engine, run), await store.list_steps(run.run_id))
+    return redact_steps(RunTools(engine, run), await store.list_steps(run.run_id))
 
 
 @router.get("/runs/{run_id}/tool-calls", response_model=list[ToolCall])
 async def run_tool_calls(run: RunDep, store: StoreDep, engine: EngineDep) -> list[ToolCall]:
-    return redact_tool_calls(agent_of(engine, run), await store.list_tool_calls(run.run_id))
+    return redact_tool_calls(RunTools(engine, run), await store.list_tool_calls(run.run_id))
 
 
 @router.get("/runs/{run_id}/trace", response_model=Trace)
 async def run_trace(run: RunDep, store: StoreDep, engine: EngineDep) -> Trace:
-    agent = agent_of(engine, run)
+    tools = RunTools(engine, run)
     return Trace(
         run=run,
-        steps=redact_steps(agent, await store.list_steps(run.run_id)),
-        tool_calls=redact_tool_calls(agent, await store.list_tool_calls(run.run_id)),
+        steps=redact_steps(tools, await store.list_steps(run.run_id)),
+        tool_calls=redact_tool_calls(tools, await store.list_tool_calls(run.run_id)),
         approvals=await store.list_approvals(run_id=run.run_id, limit=10_000),
         events=await store.list_events(run.run_id, 0, limit=100_000),
     )

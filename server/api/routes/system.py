@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Response
 
@@ -34,17 +35,19 @@ async def list_agents(engine: EngineDep) -> list[dict[str, Any]]:
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
 async def get_artifact(artifact_id: str, store: StoreDep, principal: PrincipalDep) -> Response:
-    found = await store.get_artifact(artifact_id)
-    # Another tenant's artifact is as absent as one that never was.
-    if found is None or not await store.artifact_in_tenant(artifact_id, principal.tenant_id):
+    # Another tenant's artifact is as absent as one that never was; the same bytes
+    # written by two tenants are served to each under its own name.
+    artifact = await store.artifact_for_tenant(artifact_id, principal.tenant_id)
+    found = await store.get_artifact(artifact_id) if artifact is not None else None
+    if artifact is None or found is None:
         raise RuntimeProblem(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id}")
-    artifact, content = found
+    _, content = found
     disposition = "inline" if artifact.media_type in SAFE_INLINE else "attachment"
     return Response(
         content,
         media_type=artifact.media_type,
         headers={
-            "Content-Disposition": f'{disposition}; filename="{artifact.name}"',
+            "Content-Disposition": content_disposition(disposition, artifact.name),
             "X-Content-Type-Options": "nosniff",
             "ETag": f'"{artifact.artifact_id}"',
             "Cache-Control": "private, max-age=31536000, immutable",
@@ -64,3 +67,11 @@ async def readyz(store: StoreDep) -> dict[str, str]:
     except Exception as exc:
         raise RuntimeProblem(Code.UNAVAILABLE, f"database unreachable: {exc}") from exc
     return {"status": "ready"}
+
+
+def content_disposition(disposition: str, name: str) -> str:
+    """RFC 6266: an ASCII fallback name, and the real one UTF-8 encoded (RFC 5987)."""
+    fallback = "".join(
+        c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in name
+    )
+    return f"{disposition}; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
