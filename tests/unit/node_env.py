@@ -74,6 +74,7 @@ class NodeEnv:
 
     def __init__(self, data_dir: Path, run_id: str = "run-node-test") -> None:
         self.run_id = run_id
+        self.data_dir = data_dir
         self.store = FakeStore(run_id)
         self.refunds: list[int] = []
         self.tools = node_tools(data_dir, self.refunds)
