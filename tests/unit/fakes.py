@@ -43,7 +43,13 @@ def _stored(model: M) -> M:
 
 
 class FakeStore:
-    """Steps, approvals, the ledger, artifacts and events of some runs, in dicts."""
+    """Steps, approvals, the ledger, artifacts and events of some runs, in dicts.
+
+    Beyond :class:`NodeStore`, ``list_events``, ``list_steps`` and ``get_artifact``
+    (with ``RunStore``'s signatures) are there for tests to assert what a node wrote.
+    Runs must be known (``FakeStore("run-1")`` or :meth:`add_run`): like the real
+    store, writing to an unknown run raises RUN_NOT_FOUND.
+    """
 
     def __init__(self, *run_ids: str) -> None:
         self.events: dict[str, list[Event]] = {}
