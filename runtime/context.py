@@ -13,6 +13,7 @@ from typing import Any
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
+from runtime.services import NodeStore
 from runtime.store.base import RunStore
 
 
@@ -20,8 +21,8 @@ from runtime.store.base import RunStore
 class Context:
     run_id: str
     """The run (and LangGraph thread) being driven."""
-    store: RunStore
-    """Ledger, steps, approvals, artifacts and events."""
+    store: NodeStore
+    """Ledger, steps, approvals, artifacts and events: a RunStore, or a test's fake."""
     active_base_s: float = 0.0
     """Active seconds the run had used before this drive started."""
     drive_started: float = field(default_factory=time.monotonic)

@@ -22,7 +22,7 @@ from runtime.errors import Code
 from runtime.events import result_event, summarize
 from runtime.ids import idempotency_key
 from runtime.model import ToolCall, utcnow
-from runtime.store.base import RunStore
+from runtime.services import NodeStore
 from runtime.tooling import ArtifactSink, ToolBusinessError, ToolContext, ToolSpec, ToolUnavailable
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ _IN_FLIGHT: set[str] = set()
 class StoreArtifacts:
     """The artifact sink tools write to: content-addressed, recorded in the run's log."""
 
-    def __init__(self, store: RunStore, run_id: str | None) -> None:
+    def __init__(self, store: NodeStore, run_id: str | None) -> None:
         self.store = store
         self.run_id = run_id
 
@@ -115,7 +115,7 @@ async def _run_handler(
 
 
 async def _finish(
-    store: RunStore,
+    store: NodeStore,
     row: ToolCall,
     status: str,
     output: Any,
@@ -150,7 +150,7 @@ async def _finish(
     )
 
 
-async def _await_other_driver(store: RunStore, row: ToolCall, spec: ToolSpec) -> ToolCall:
+async def _await_other_driver(store: NodeStore, row: ToolCall, spec: ToolSpec) -> ToolCall:
     """Another driver claimed this call a moment ago: wait for its outcome, never re-run it."""
     deadline = spec.timeout_s * spec.max_attempts + BACKOFF_MAX_S * spec.max_attempts
     waited, delay = 0.0, 0.01
@@ -165,7 +165,7 @@ async def _await_other_driver(store: RunStore, row: ToolCall, spec: ToolSpec) ->
 
 
 async def execute_once(
-    store: RunStore,
+    store: NodeStore,
     spec: ToolSpec,
     row: ToolCall,
     args: BaseModel,
@@ -191,7 +191,7 @@ async def execute_once(
 
 
 async def _execute(
-    store: RunStore,
+    store: NodeStore,
     spec: ToolSpec,
     row: ToolCall,
     args: BaseModel,
@@ -245,7 +245,7 @@ async def _execute(
 
 
 async def _run_claimed(
-    store: RunStore,
+    store: NodeStore,
     spec: ToolSpec,
     current: ToolCall,
     args: BaseModel,

@@ -15,6 +15,7 @@ from runtime.lifecycle import State
 from runtime.model import Run, RunContext, RunOptions, utcnow
 from runtime.store.base import RunStore
 from runtime.store.sqlite import SqliteRunStore
+from tests.unit.node_env import NodeEnv
 
 MakeRun = Callable[..., Awaitable[Run]]
 
@@ -62,3 +63,9 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteRunStore]:
         yield store
     finally:
         await store.close()
+
+
+@pytest.fixture
+def env(data_dir: Path) -> NodeEnv:
+    """A node's world without a database: a FakeStore run, the test tools, a runtime."""
+    return NodeEnv(data_dir)

@@ -1,8 +1,7 @@
-"""The handoff nodes alone on a real store, and a compiled graph that interrupts in a sub-agent."""
+"""The handoff nodes alone on a FakeStore, and a compiled graph that interrupts in a sub-agent."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +18,7 @@ from runtime.model import Approval, Decision, Handoff, Usage
 from runtime.planner import PlannerView, handoff_tool
 from runtime.policy import DefaultPolicy
 from tests.agents import ScriptPlanner, call, finish
-from tests.unit.conftest import MakeRun
-from tests.unit.test_nodes import Env
+from tests.unit.node_env import NodeEnv
 
 
 def handoff(agent_id: str, task: str = "do it", data: dict[str, Any] | None = None) -> Decision:
@@ -42,12 +40,6 @@ def frame(hid: str, agent_id: str, step: int = 0, depth: int = 1, **extra: Any) 
     }
 
 
-@pytest.fixture
-async def env(sqlite_store: Any, make_run: MakeRun, data_dir: Path) -> Env:
-    run = await make_run(sqlite_store)
-    return Env(sqlite_store, run.run_id, data_dir)
-
-
 def test_a_handoff_decision_names_its_handoff() -> None:
     with pytest.raises(ValidationError):
         Decision(kind="handoff", summary="to whom?")
@@ -55,7 +47,7 @@ def test_a_handoff_decision_names_its_handoff() -> None:
         Decision(kind="finish", handoff=Handoff(agent_id="a", task="t"))
 
 
-def test_two_different_agents_may_not_share_an_id(env: Env) -> None:
+def test_two_different_agents_may_not_share_an_id(env: NodeEnv) -> None:
     policy = DefaultPolicy()
     a = SubAgent("writer", "one", ScriptPlanner(lambda v: finish("a")), env.tools, policy)
     b = SubAgent("writer", "two", ScriptPlanner(lambda v: finish("b")), env.tools, policy)
@@ -66,7 +58,7 @@ def test_two_different_agents_may_not_share_an_id(env: Env) -> None:
     assert set(hosted_agents(again)) == {"boss", "writer"}
 
 
-async def test_handoff_pushes_a_frame_and_says_so_once(env: Env) -> None:
+async def test_handoff_pushes_a_frame_and_says_so_once(env: NodeEnv) -> None:
     node = make_handoff_node({"boss": {"writer"}}, "boss")
     state = env.state(handoff("writer", "write it", {"n": 2}), step_index=3)
 
@@ -89,7 +81,7 @@ async def test_handoff_pushes_a_frame_and_says_so_once(env: Env) -> None:
     assert [(e.data["phase"], e.data["handoff_id"]) for e in events] == [("start", hid)]
 
 
-async def test_handoff_to_an_undeclared_agent_is_an_observation(env: Env) -> None:
+async def test_handoff_to_an_undeclared_agent_is_an_observation(env: NodeEnv) -> None:
     node = make_handoff_node({"boss": {"writer"}, "writer": set()}, "boss")
 
     refused = await node(env.state(handoff("hacker")), env.runtime)
@@ -102,9 +94,14 @@ async def test_handoff_to_an_undeclared_agent_is_an_observation(env: Env) -> Non
     assert "frame" not in obs  # the run's own agent's
     [obs] = looped["observations"]
     assert obs["status"] == "AGENT_NOT_FOUND" and obs["frame"] == "ho-1"
+    hid = ids.handoff_id(env.run_id, 0)
+    errors = [e.data for e in await env.store.list_events(env.run_id) if e.type == "error"]
+    # Both refusals answer step 0's handoff: one error event, as for a replayed node.
+    assert [(e["code"], e["handoff_id"]) for e in errors] == [("AGENT_NOT_FOUND", hid)]
+    assert not [e for e in await env.store.list_events(env.run_id) if e.type == "handoff"]
 
 
-async def test_handoff_depth_is_bounded(env: Env) -> None:
+async def test_handoff_depth_is_bounded(env: NodeEnv) -> None:
     node = make_handoff_node({"a": {"a"}}, "a")
     deep = [frame(f"ho-{i}", "a", depth=i + 1) for i in range(MAX_DEPTH)]
     update = await node(env.state(handoff("a"), handoff_stack=deep), env.runtime)
@@ -112,7 +109,7 @@ async def test_handoff_depth_is_bounded(env: Env) -> None:
     assert f"depth {MAX_DEPTH}" in update["observations"][0]["error"]
 
 
-async def test_dispatch_shows_the_sub_agent_its_task_and_its_own_observations(env: Env) -> None:
+async def test_dispatch_shows_the_sub_agent_its_task_and_its_own_observations(env: NodeEnv) -> None:
     seen: list[dict[str, Any]] = []
 
     async def writer_node(state: Any, runtime: Any) -> dict[str, Any]:
@@ -136,7 +133,7 @@ async def test_dispatch_shows_the_sub_agent_its_task_and_its_own_observations(en
     assert update["observations"][0]["frame"] == "ho-1"
 
 
-async def test_handback_pops_the_frame_and_answers_the_callers_step(env: Env) -> None:
+async def test_handback_pops_the_frame_and_answers_the_callers_step(env: NodeEnv) -> None:
     art = "sha256:" + "a" * 64
     state = env.state(
         Decision(kind="finish", summary="done", answer="written", data={"n": 1}),
@@ -172,7 +169,7 @@ async def test_handback_pops_the_frame_and_answers_the_callers_step(env: Env) ->
     assert event.data["phase"] == "return" and event.data["to_agent"] == "boss"
 
 
-async def test_handback_refused_while_an_approval_is_open(env: Env) -> None:
+async def test_handback_refused_while_an_approval_is_open(env: NodeEnv) -> None:
     c = (await env.guard(call("refund", amount=5)))["calls"][0]
     await env.store.ensure_approval(env.approval(c), {})
     state = env.state(
@@ -186,7 +183,7 @@ async def test_handback_refused_while_an_approval_is_open(env: Env) -> None:
     assert obs["status"] == "FINISH_REFUSED" and obs["frame"] == "ho-1"
 
 
-async def test_interrupt_inside_a_sub_agent_resumes_there(env: Env) -> None:
+async def test_interrupt_inside_a_sub_agent_resumes_there(env: NodeEnv) -> None:
     """LangGraph alone (as in Studio): the approval's interrupt and its resume, in the sub-agent."""
     views: list[PlannerView] = []
 

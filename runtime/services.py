@@ -1,0 +1,76 @@
+"""What a node (and the ledger it runs tools through) may ask of the run store.
+
+:class:`runtime.store.base.RunStore` satisfies it; so does the in-memory fake the
+node unit tests use (``tests/unit/fakes.py``). Keeping the list to the methods the
+nodes and :mod:`runtime.ledger` really call is what lets a node be tested without
+a database: a node that needs another store method adds it here, and the fake and
+its contract test (``tests/unit/test_fake_store_contract.py``) follow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from runtime.events import EventType
+from runtime.model import Approval, ApprovalDecision, Artifact, Step, ToolCall
+
+
+class NodeStore(Protocol):
+    # -- the event log and steps (planner, guard, handoff) --------------------
+
+    async def append_event(
+        self, run_id: str, type_: EventType, data: dict[str, Any], dedupe_key: str | None = None
+    ) -> int | None: ...
+
+    async def get_step(self, run_id: str, step_index: int) -> Step | None: ...
+
+    async def record_step(self, step: Step) -> Step: ...
+
+    # -- approvals (approval, executor, finish) -------------------------------
+
+    async def ensure_approval(self, approval: Approval, request: dict[str, Any]) -> Approval: ...
+
+    async def get_approval(self, approval_id: str) -> Approval | None: ...
+
+    async def list_approvals(
+        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[Approval]: ...
+
+    async def decide_approval(
+        self,
+        approval_id: str,
+        decision: ApprovalDecision,
+        *,
+        decided_by: str,
+        comment: str | None,
+    ) -> tuple[Approval, bool]: ...
+
+    # -- the tool-call ledger (executor, runtime.ledger, finish) --------------
+
+    async def get_tool_call(self, tool_call_id: str) -> ToolCall | None: ...
+
+    async def begin_tool_call(self, call: ToolCall, action: dict[str, Any]) -> ToolCall: ...
+
+    async def start_tool_call(
+        self, call: ToolCall, action: dict[str, Any]
+    ) -> tuple[ToolCall, bool]: ...
+
+    async def claim_tool_call(self, tool_call_id: str, seen_attempts: int) -> ToolCall | None: ...
+
+    async def update_tool_call(
+        self,
+        tool_call_id: str,
+        *,
+        result: dict[str, Any] | None = None,
+        from_status: Sequence[str] = ("running",),
+        **fields: Any,
+    ) -> ToolCall: ...
+
+    async def list_tool_calls(self, run_id: str) -> list[ToolCall]: ...
+
+    # -- artifacts (runtime.ledger.StoreArtifacts, finish) --------------------
+
+    async def put_artifact(self, artifact: Artifact, content: bytes) -> Artifact: ...
+
+    async def artifact_exists(self, artifact_id: str) -> bool: ...

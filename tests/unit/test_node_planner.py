@@ -1,0 +1,112 @@
+"""The planner node alone: a hand-made state, a scripted planner, a FakeStore."""
+
+from __future__ import annotations
+
+from langgraph.runtime import Runtime
+
+from nodes.planner import make_planner_node
+from runtime.context import Context
+from runtime.model import Decision, DecisionUsage, Usage
+from runtime.planner import PlannerView
+from tests.agents import call, finish
+from tests.unit.fakes import node_runtime
+from tests.unit.node_env import NodeEnv, limits
+
+
+class CountingPlanner:
+    """Answers with ``decisions`` in turn (raising those that are exceptions); keeps its views."""
+
+    def __init__(self, *decisions: Decision | Exception) -> None:
+        self.decisions = list(decisions)
+        self.views: list[PlannerView] = []
+
+    async def next_step(self, view: PlannerView) -> Decision:
+        self.views.append(view)
+        out = self.decisions[len(self.views) - 1]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+
+async def test_planner_records_a_step_and_returns_its_decision(env: NodeEnv) -> None:
+    decision = call("echo", text="a", n=1)
+    planner = CountingPlanner(decision)
+
+    update = await make_planner_node(planner, env.tools)(env.state(), env.runtime)
+
+    assert update["step_index"] == 0 and update["usage"]["steps"] == 1 and update["calls"] == []
+    assert Decision.model_validate(update["decision"]) == decision
+    step = await env.store.get_step(env.run_id, 0)
+    assert step is not None and step.decision == decision
+    assert {t["name"] for t in planner.views[0].tools} >= {"echo", "refund"}
+    assert planner.views[0].input == "help" and planner.views[0].step_index == 0
+
+
+async def test_planner_replays_the_recorded_decision(env: NodeEnv) -> None:
+    planner = CountingPlanner(call("echo", text="a", n=1), finish("different"))
+    node = make_planner_node(planner, env.tools)
+
+    first = await node(env.state(), env.runtime)
+    again = await node(env.state(), env.runtime)  # LangGraph re-runs it after a crash
+
+    assert len(planner.views) == 1
+    assert again["decision"] == first["decision"]
+    assert len(await env.store.list_steps(env.run_id)) == 1
+
+
+async def test_planner_trusts_recorded_before_and_the_store_keeps_the_first_step(
+    env: NodeEnv,
+) -> None:
+    """recorded_before=0: the drive began with no steps, so the planner is asked without a
+    read; had a step been recorded meanwhile, record_step would still hand back the first."""
+    await make_planner_node(CountingPlanner(finish("first")), env.tools)(env.state(), env.runtime)
+    planner = CountingPlanner(finish("second"))
+    runtime: Runtime[Context] = node_runtime(env.store, env.run_id, recorded_before=0)
+
+    update = await make_planner_node(planner, env.tools)(env.state(), runtime)
+
+    assert len(planner.views) == 1 and update["decision"]["answer"] == "first"
+
+
+async def test_planner_stamps_the_agent_and_counts_model_usage(env: NodeEnv) -> None:
+    spent = DecisionUsage(llm_calls=1, tokens=120, cost_usd=0.25)
+    planner = CountingPlanner(finish("x").model_copy(update={"agent_id": "liar", "usage": spent}))
+    state = env.state(usage=Usage(steps=2, llm_calls=3, tokens=10).model_dump())
+
+    update = await make_planner_node(planner, env.tools, agent_id="boss")(state, env.runtime)
+
+    assert update["step_index"] == 2 and update["decision"]["agent_id"] == "boss"
+    assert (update["usage"]["llm_calls"], update["usage"]["tokens"]) == (4, 130)
+    assert update["usage"]["cost_usd"] == 0.25
+    step = await env.store.get_step(env.run_id, 2)
+    assert step is not None and step.decision.agent_id == "boss"
+
+
+async def test_planner_turns_an_empty_tool_step_into_a_finish(env: NodeEnv) -> None:
+    planner = CountingPlanner(Decision(kind="tool_calls", summary="nothing to do"))
+
+    update = await make_planner_node(planner, env.tools)(env.state(), env.runtime)
+
+    assert update["decision"]["kind"] == "finish"
+
+
+async def test_planner_stops_at_max_steps(env: NodeEnv) -> None:
+    planner = CountingPlanner(finish("never"))
+    state = env.state(usage=Usage(steps=2).model_dump(), limits=limits(max_steps=2))
+
+    update = await make_planner_node(planner, env.tools)(state, env.runtime)
+
+    assert update["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
+    assert planner.views == [] and await env.store.get_step(env.run_id, 2) is None
+
+
+async def test_planner_exception_is_a_planner_error(env: NodeEnv) -> None:
+    planner = CountingPlanner(ValueError("model down"))
+
+    update = await make_planner_node(planner, env.tools)(env.state(), env.runtime)
+
+    assert update["outcome"]["code"] == "PLANNER_ERROR"
+    assert "model down" in update["outcome"]["message"]
+    [*_, error] = await env.store.list_events(env.run_id)
+    assert error.type == "error" and error.data["code"] == "PLANNER_ERROR"
+    assert await env.store.get_step(env.run_id, 0) is None
