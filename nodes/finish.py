@@ -27,6 +27,18 @@ async def terminal_problems(state: RunState, ctx: Context) -> list[str]:
     return problems
 
 
+def refusal(state: RunState, problems: list[str]) -> dict[str, Any]:
+    """The observation a refused finish leaves for the planner: why it may not end yet."""
+    return {
+        "step_index": state["step_index"],
+        "tool_call_id": "",
+        "tool": "finish",
+        "status": "FINISH_REFUSED",
+        "summary": "; ".join(problems),
+        "error": "; ".join(problems),
+    }
+
+
 def make_finish_node() -> NodeFn:
     async def finish_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
         ctx = await services(runtime, state)
@@ -34,16 +46,7 @@ def make_finish_node() -> NodeFn:
         problems = await terminal_problems(state, ctx)
         if problems:
             return {
-                "observations": [
-                    {
-                        "step_index": state["step_index"],
-                        "tool_call_id": "",
-                        "tool": "finish",
-                        "status": "FINISH_REFUSED",
-                        "summary": "; ".join(problems),
-                        "error": "; ".join(problems),
-                    }
-                ],
+                "observations": [refusal(state, problems)],
                 "memory_version": state.get("memory_version", 0) + 1,
             }
         artifacts = sorted(

@@ -19,7 +19,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from nodes.finish import terminal_problems
+from nodes.finish import refusal, terminal_problems
 from runtime import ids
 from runtime.context import Context, services
 from runtime.errors import CODES, Code
@@ -169,16 +169,11 @@ def make_handback_node() -> NodeFn:
         decision = Decision.model_validate(state["decision"])
         problems = await terminal_problems(state, ctx)
         if problems:
-            refused = {
-                "step_index": state["step_index"],
-                "tool_call_id": "",
-                "tool": "finish",
-                "status": "FINISH_REFUSED",
-                "summary": "; ".join(problems),
-                "error": "; ".join(problems),
-            }
             return tagged(
-                {"observations": [refused], "memory_version": state.get("memory_version", 0) + 1},
+                {
+                    "observations": [refusal(state, problems)],
+                    "memory_version": state.get("memory_version", 0) + 1,
+                },
                 frame,
             )
         mine = [o for o in state.get("observations", []) if o.get("frame") == frame["handoff_id"]]

@@ -19,7 +19,7 @@ from runtime.model import Decision, DecisionUsage, Handoff, ProposedCall
 from runtime.planner import Observation, PlannerView, handoff_tool
 from tools.retail.data import LAST_WEEK_START, REGION_IDS
 from tools.retail.report import Findings, has_cjk, pct, region_label
-from tools.retail.writer import publish_sentence
+from tools.retail.writer import publish_data, publish_sentence
 
 DEFAULT_REGION = "east"
 DEFAULT_RECIPIENTS = ("sales-ops@example.com",)
@@ -296,14 +296,8 @@ class RetailPlanner:
             "week_start": findings.week_start,
             "top_skus": [d.sku for d in drivers],
             "change_pct": findings.change_pct,
-            "report_artifact_id": report,
-            "published": publish_status == "succeeded",
-            "publish_status": publish_status,
+            **publish_data(report, publish_status, outbox_id, note),
         }
-        if outbox_id is not None:
-            data["outbox_id"] = outbox_id
-        if note:
-            data["note"] = note
         summary = (
             f"{findings.region} week {findings.week_start}: "
             f"{', '.join(data['top_skus']) or 'no material decline'}"

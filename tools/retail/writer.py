@@ -54,6 +54,22 @@ def brief_of(view: PlannerView) -> Brief | str:
         return f"the brief is incomplete: {exc.errors()[0]['loc']} {exc.errors()[0]['msg']}"
 
 
+def publish_data(
+    report: str | None, publish_status: str, outbox_id: Any = None, note: str | None = None
+) -> dict[str, Any]:
+    """What a finish records of the report and its publication."""
+    data: dict[str, Any] = {
+        "report_artifact_id": report,
+        "published": publish_status == "succeeded",
+        "publish_status": publish_status,
+    }
+    if outbox_id is not None:
+        data["outbox_id"] = outbox_id
+    if note:
+        data["note"] = note
+    return data
+
+
 def publish_sentence(report: str | None, publish_status: str, zh: bool) -> str:
     if report is None:
         return "未生成报告。" if zh else "No report was written."
@@ -144,15 +160,7 @@ class ReportWriterPlanner:
         outbox_id: Any = None,
         note: str | None = None,
     ) -> Decision:
-        data: dict[str, Any] = {
-            "report_artifact_id": report,
-            "published": publish_status == "succeeded",
-            "publish_status": publish_status,
-        }
-        if outbox_id is not None:
-            data["outbox_id"] = outbox_id
-        if note:
-            data["note"] = note
+        data = publish_data(report, publish_status, outbox_id, note)
         return Decision(
             kind="finish",
             summary=f"report {report or 'not written'}, publish {publish_status}",
