@@ -298,15 +298,18 @@ class Engine:
         *,
         decided_by: str,
         comment: str | None,
+        via: str | None = None,
     ) -> tuple[Approval, bool]:
-        """Decide an approval once; returns (approval, whether this call decided it)."""
+        """Decide an approval once; returns (approval, whether this call decided it).
+
+        ``via`` (how the decider authenticated) goes into the decision's audit event."""
         approval = await self.store.get_approval(approval_id)
         if approval is None or approval.run_id != run_id:
             raise RuntimeProblem(Code.APPROVAL_NOT_FOUND, f"no approval {approval_id} on {run_id}")
         status: ApprovalDecision = "approved" if decision == "approve" else "rejected"
         if approval.status == "pending":
             approval, won = await self.store.decide_approval(
-                approval_id, status, decided_by=decided_by, comment=comment
+                approval_id, status, decided_by=decided_by, comment=comment, via=via
             )
             if won:
                 self.wake()
@@ -322,7 +325,13 @@ class Engine:
     # -- cancelling -----------------------------------------------------------
 
     async def cancel(
-        self, run_id: str, reason: str, *, compensate: bool = False, wait_s: float | None = None
+        self,
+        run_id: str,
+        reason: str,
+        *,
+        compensate: bool = False,
+        wait_s: float | None = None,
+        requested_by: str | None = None,
     ) -> Run:
         """Ask for the run to stop; whoever drives it stops it and records what happened.
 
@@ -336,7 +345,7 @@ class Engine:
             if run.outcome is not None and run.outcome.code is Code.RUN_CANCELLED:
                 return run
             raise RuntimeProblem(Code.RUN_STATE_CONFLICT, f"run is already {run.state.value}")
-        await self.store.request_cancel(run_id, reason, compensate)
+        await self.store.request_cancel(run_id, reason, compensate, requested_by)
         self.on_cancel_notice(run_id)
         self.wake()
         with contextlib.suppress(TimeoutError):

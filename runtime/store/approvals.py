@@ -67,6 +67,7 @@ class ApprovalQueries(StoreCore):
         *,
         decided_by: str,
         comment: str | None,
+        via: str | None = None,
     ) -> tuple[Approval, bool]:
         """Compare-and-set a pending approval to ``decision``; returns (row, won).
 
@@ -99,6 +100,7 @@ class ApprovalQueries(StoreCore):
                         "decision": decision,
                         "decided_by": decided_by,
                         "comment": comment,
+                        **({"via": via} if via else {}),
                     },
                 )
                 if decision != "expired":

@@ -242,24 +242,29 @@ class RunStore(
         async with self.tx() as tx:
             await self._update_run(tx, run_id, **fields)
 
-    async def request_cancel(self, run_id: str, reason: str, compensate: bool) -> None:
+    async def request_cancel(
+        self, run_id: str, reason: str, compensate: bool, requested_by: str | None = None
+    ) -> None:
         """Record the intent durably and wake whoever holds (or will claim) the run."""
+        intent = {"reason": reason, "compensate": compensate, "requested_by": requested_by}
         async with self.tx() as tx:
             await tx.execute(
                 "UPDATE runs SET cancel_requested = ?, needs_drive = 1 WHERE run_id = ?",
-                (_enc({"reason": reason, "compensate": compensate}), run_id),
+                (_enc(intent), run_id),
             )
             await self._announce(tx, CANCEL_CHANNEL, run_id)
             await self._announce(tx, WORK_CHANNEL, run_id)
 
     async def cancel_requested(self, run_id: str) -> tuple[str, bool] | None:
-        """(reason, compensate) if a cancel was asked for."""
+        """(reason, compensate) if a cancel was asked for; the reason names who asked."""
         async with self.read() as tx:
             row = await tx.fetchone("SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,))
         if row is None or row["cancel_requested"] is None:
             return None
         intent = json.loads(row["cancel_requested"])
-        return str(intent["reason"]), bool(intent["compensate"])
+        by = intent.get("requested_by")
+        reason = f"{intent['reason']} (requested by {by})" if by else str(intent["reason"])
+        return reason, bool(intent["compensate"])
 
     async def append_event(
         self, run_id: str, type_: EventType, data: dict[str, Any], dedupe_key: str | None = None

@@ -32,6 +32,7 @@ async def test_four_eyes_the_runs_own_user_cannot_approve(api: Api) -> None:
     (result,) = [e for e in trace["events"] if e["type"] == "approval_result"]
     assert result["data"]["decided_by"] == "u-mgr-002"
     assert result["data"]["comment"] == "checked the numbers"
+    assert result["data"]["via"] == "jwt:HS256"  # how the decider proved who they are
 
 
 async def test_a_tool_may_allow_self_approval(api: Api) -> None:

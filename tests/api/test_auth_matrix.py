@@ -122,6 +122,7 @@ async def test_missing_roles_are_403_on_the_callers_own_objects(api: Api) -> Non
     admin = bearer(user="u-admin-1", roles=["admin"])
     resp = await api.client.post(f"/runs/{run_id}/cancel", headers=admin)
     assert resp.status_code == 200 and resp.json()["outcome"]["code"] == "RUN_CANCELLED"
+    assert "(requested by u-admin-1)" in resp.json()["outcome"]["message"]
 
 
 @pytest.mark.parametrize(

@@ -160,7 +160,7 @@ async def test_7_budget_cancellation_and_unrecoverable_errors_end_failed(api: Ap
 
     gone = cancelled.json()
     assert gone["state"] == "failed" and gone["outcome"]["code"] == "RUN_CANCELLED"
-    assert gone["outcome"]["message"] == "user closed the task"
+    assert gone["outcome"]["message"] == "user closed the task (requested by u-ops-001)"
     assert gone["pending_approval"] is None
     approval = (
         await api.client.get("/approvals", params={"state": "expired", "run_id": parked["run_id"]})

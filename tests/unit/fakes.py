@@ -142,6 +142,7 @@ class FakeStore:
         *,
         decided_by: str,
         comment: str | None,
+        via: str | None = None,
     ) -> tuple[Approval, bool]:
         row = self.approvals.get(approval_id)
         if row is None:
@@ -166,6 +167,7 @@ class FakeStore:
                     "decision": decision,
                     "decided_by": decided_by,
                     "comment": comment,
+                    **({"via": via} if via else {}),
                 },
             )
         return _stored(row), won

@@ -64,7 +64,12 @@ async def decide(
             Code.FOUR_EYES, "the user who started the run cannot approve its own action"
         )
     approval, won = await engine.decide(
-        run.run_id, approval_id, body.decision, decided_by=principal.user_id, comment=body.comment
+        run.run_id,
+        approval_id,
+        body.decision,
+        decided_by=principal.user_id,
+        comment=body.comment,
+        via=principal.via,
     )
     return JSONResponse(approval.model_dump(mode="json"), status_code=202 if won else 200)
 

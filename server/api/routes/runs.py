@@ -210,6 +210,8 @@ async def cancel_run(
             Code.ROLE_REQUIRED, "only the run's own user or a tenant admin may cancel it"
         )
     body = body or CancelRequest()
-    after = await engine.cancel(run.run_id, body.reason, compensate=body.compensate)
+    after = await engine.cancel(
+        run.run_id, body.reason, compensate=body.compensate, requested_by=principal.user_id
+    )
     done = after.state in TERMINAL
     return JSONResponse(after.model_dump(mode="json"), status_code=200 if done else 202)
