@@ -71,8 +71,7 @@ async def ensure_local_keys(store: RunStore, data_dir: Path) -> Path | None:
         "\n  No API key existed: created two local keys (tenant %r), saved in %s\n"
         "    admin:    %s\n    approver: %s\n"
         "  Send one as 'Authorization: Bearer <key>'. The CLI reads that file by itself.\n"
-        "  Set AGENT_RUNTIME_BOOTSTRAP_LOCAL_KEYS=false where keys come from "
-        "'agent-runtime keys create'.",
+        "  On a shared database keys come from 'agent-runtime keys create' instead.",
         LOCAL_TENANT,
         path,
         admin.token,
