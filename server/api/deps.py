@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
@@ -49,11 +50,18 @@ StoreDep = Annotated[RunStore, Depends(get_store)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
+_BEARER = HTTPBearer(
+    auto_error=False, description="An API key (`ark_…`) or a JWT; see README, Who may do what."
+)
+
+
 async def get_principal(
     services: ServicesDep,
-    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    request: Request,
+    _documented: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
 ) -> Principal:
-    return await services.auth.authenticate(authorization)
+    # The raw header, not HTTPBearer's parse: a wrong scheme gets its own 401 detail.
+    return await services.auth.authenticate(request.headers.get("authorization"))
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]

@@ -79,3 +79,11 @@ async def test_alias_post_run_and_listing(api: Api) -> None:
     assert len(seen) == len(set(seen)) == 4 and run_id in seen
     done = (await api.client.get("/runs", params={"state": "succeeded"})).json()["items"]
     assert run_id in [r["run_id"] for r in done]
+
+
+async def test_an_empty_key_is_refused(api: Api) -> None:
+    """Found by the fuzz test: an empty header slipped past the body's min_length."""
+    resp = await api.client.post("/runs", json=BODY, headers={"Idempotency-Key": ""})
+    assert resp.status_code == 422 and resp.json()["code"] == "VALIDATION_ERROR"
+    runs, _ = await api.engine_services.store.list_runs()
+    assert runs == []

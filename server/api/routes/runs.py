@@ -68,7 +68,7 @@ async def create_run(
     engine: EngineDep,
     services: ServicesDep,
     principal: PrincipalDep,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Any:
     body.context = context_for(body, principal)
     if idempotency_key is not None:
