@@ -10,7 +10,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from server.client import TERMINAL, WAITING_HUMAN
@@ -35,8 +34,9 @@ def resolve_token(args: argparse.Namespace) -> str | None:
     if token:
         return str(token)
     from server.auth.bootstrap import read_local_keys
+    from server.settings import Settings
 
-    local = read_local_keys(Path(os.environ.get("AGENT_RUNTIME_DATA_DIR", ".agent-runtime")))
+    local = read_local_keys(Settings().data_dir)
     name = "approver" if args.command in ("approve", "reject") else "admin"
     return local.get(name)
 
