@@ -105,4 +105,5 @@ def test_open_streams_per_caller_are_capped(server: ServerProcess) -> None:
                     break
             time.sleep(0.05)  # the server notices the closed connection on its next write
         assert again.status_code == 200
-        assert http.post(f"/runs/{run_id}/cancel").status_code == 200
+        # Only tidying up: 202 means the holder is still stopping it.
+        assert http.post(f"/runs/{run_id}/cancel").status_code in (200, 202)
