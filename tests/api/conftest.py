@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from runtime.agent import AgentSpec
 from runtime.engine import Engine
 from server.api.deps import Services
 from server.app import create_app
@@ -97,13 +99,24 @@ def settings(database_url: str, data_dir: Path) -> Settings:
     return make_settings(database_url, data_dir)
 
 
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
-    app = create_app(settings)
+@asynccontextmanager
+async def open_api(
+    settings: Settings,
+    agents: Mapping[str, AgentSpec] | None = None,
+    headers: Mapping[str, str] = OPS,
+) -> AsyncIterator[Api]:
+    """The app, started, behind a client that calls as ``headers`` say (OPS by default)."""
+    app = create_app(settings, agents)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://test", headers=OPS
+            transport=transport, base_url="http://test", headers=dict(headers)
         ) as client:
             services = app.state.services
             yield Api(client, services.engine, settings, services, app)
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[Api]:
+    async with open_api(settings) as opened:
+        yield opened

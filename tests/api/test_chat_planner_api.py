@@ -10,17 +10,14 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 
-import httpx
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from graphs.chat_planner import ChatModelPlanner
 from graphs.retail_analyst import AGENT_ID, build_agent
 from runtime.ids import tool_call_id
-from server.app import create_app
 from server.settings import Settings
-from tests.api.conftest import Api, states
-from tests.auth import OPS
+from tests.api.conftest import Api, open_api, states
 from tests.unit.test_chat_planner import SECRET, ScriptedChatModel, reply, tool_call
 from tools.retail import count_outbox
 
@@ -33,14 +30,8 @@ async def serve(settings: Settings, model: ScriptedChatModel) -> AsyncIterator[A
     agent = build_agent(
         settings.resolved_demo_db, ChatModelPlanner(model, cost_per_token=COST_PER_TOKEN)
     )
-    app = create_app(settings, agents={AGENT_ID: agent})
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://test", headers=OPS
-        ) as client:
-            services = app.state.services
-            yield Api(client, services.engine, settings, services)
+    async with open_api(settings, {AGENT_ID: agent}) as api:
+        yield api
 
 
 def script(

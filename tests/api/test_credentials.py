@@ -7,7 +7,6 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from server.app import create_app
 from server.auth.bootstrap import ensure_local_keys, read_local_keys
 from server.auth.keys import create_key, hash_secret
 from server.settings import Settings
-from tests.api.conftest import Api
+from tests.api.conftest import Api, open_api
 from tests.api.helpers import problem
 from tests.auth import TEST_JWT_SECRET, token
 
@@ -124,14 +122,6 @@ def rsa_keys(tmp_path: Path) -> tuple[Any, Path, Path]:
     return private, pem, jwks
 
 
-async def serve(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            yield client
-
-
 @pytest.mark.parametrize("source", ["public_key", "jwks"])
 async def test_rs256_with_a_public_key_or_jwks(
     database_url: str, data_dir: Path, rsa_keys: tuple[Any, Path, Path], source: str
@@ -147,7 +137,8 @@ async def test_rs256_with_a_public_key_or_jwks(
     )
     good = claims(iss="https://idp.example", aud="agent-runtime")
     signed = jwt.encode(good, private, algorithm="RS256", headers={"kid": "k1"})
-    async for client in serve(settings):
+    async with open_api(settings, headers={}) as api:
+        client = api.client
         resp = await client.get("/runs", headers={"Authorization": f"Bearer {signed}"})
         assert resp.status_code == 200, resp.text
         for bad in (
@@ -170,7 +161,8 @@ def test_local_keys_are_made_only_on_the_embedded_default_unless_asked() -> None
 
 async def test_first_start_creates_local_keys_once(database_url: str, data_dir: Path) -> None:
     settings = Settings(data_dir=data_dir, database_url=database_url, bootstrap_local_keys=True)
-    async for client in serve(settings):
+    async with open_api(settings, headers={}) as api:
+        client = api.client
         keys = read_local_keys(data_dir)
         assert set(keys) == {"admin", "approver"}
         assert (data_dir / "local-keys.json").stat().st_mode & 0o777 == 0o600
@@ -180,7 +172,7 @@ async def test_first_start_creates_local_keys_once(database_url: str, data_dir: 
             "/runs", json={"input": "q", "agent_id": "retail_analyst"}, headers=admin
         )
         assert run.json()["context"]["tenant_id"] == "local"
-        store = client._transport.app.state.services.store  # type: ignore[attr-defined]
+        store = api.engine_services.store
         assert await ensure_local_keys(store, data_dir) is not None
         assert read_local_keys(data_dir) == keys  # not replaced on the next start
         assert len(await store.list_api_keys()) == 2

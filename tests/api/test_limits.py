@@ -6,14 +6,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from server.app import create_app
 from server.settings import Settings
-from tests.api.conftest import Api, make_settings
+from tests.api.conftest import Api, make_settings, open_api
 from tests.api.helpers import count_runs, problem
-from tests.auth import OPS, bearer
+from tests.auth import bearer
 
 
 async def test_chunked_body_over_the_limit_is_413(api: Api) -> None:
@@ -98,30 +96,26 @@ def limited(database_url: str, data_dir: Path) -> Settings:
 
 
 async def test_active_runs_per_tenant_are_capped(limited: Settings) -> None:
-    app = create_app(limited)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://t", headers=OPS
-        ) as client:
-            slow = {"agent_id": "slow_worker", "input": "sleep 30"}
-            ids = [(await client.post("/runs", json=slow)).json()["run_id"] for _ in range(2)]
-            third = await client.post("/runs", json=slow)
-            problem(third, 429, "TENANT_RUN_LIMIT")
-            assert int(third.headers["retry-after"]) > 0
-            page = (await client.get("/runs")).json()["items"]
-            assert {r["run_id"] for r in page} == set(ids)
-            # Another tenant has its own allowance.
-            other = await client.post("/runs", json=slow, headers=bearer(tenant="acme"))
-            assert other.status_code == 201
-            # Once one run ends, there is room again.
-            await client.post(f"/runs/{ids[0]}/cancel")
-            await app.state.services.engine.wait_settled(ids[0])
-            cancelled = (await client.get(f"/runs/{ids[0]}")).json()
-            assert cancelled["state"] == "failed", cancelled
-            assert (await client.post("/runs", json=slow)).status_code == 201
-            for run in (await client.get("/runs")).json()["items"]:
-                await client.post(f"/runs/{run['run_id']}/cancel")
+    async with open_api(limited) as api:
+        client = api.client
+        slow = {"agent_id": "slow_worker", "input": "sleep 30"}
+        ids = [(await client.post("/runs", json=slow)).json()["run_id"] for _ in range(2)]
+        third = await client.post("/runs", json=slow)
+        problem(third, 429, "TENANT_RUN_LIMIT")
+        assert int(third.headers["retry-after"]) > 0
+        page = (await client.get("/runs")).json()["items"]
+        assert {r["run_id"] for r in page} == set(ids)
+        # Another tenant has its own allowance.
+        other = await client.post("/runs", json=slow, headers=bearer(tenant="acme"))
+        assert other.status_code == 201
+        # Once one run ends, there is room again.
+        await client.post(f"/runs/{ids[0]}/cancel")
+        await api.engine.wait_settled(ids[0])
+        cancelled = (await client.get(f"/runs/{ids[0]}")).json()
+        assert cancelled["state"] == "failed", cancelled
+        assert (await client.post("/runs", json=slow)).status_code == 201
+        for run in (await client.get("/runs")).json()["items"]:
+            await client.post(f"/runs/{run['run_id']}/cancel")
 
 
 @pytest.mark.parametrize(
