@@ -57,3 +57,18 @@ async def open_backend(url: str) -> Backend:
             await pg_saver.setup()
         return Backend(pg_store, pg_saver, pg_store.close)
     raise ValueError(f"unsupported database URL {url!r}: use sqlite:///… or postgresql://…")
+
+
+async def settle_checkpointer(saver: BaseCheckpointSaver[str]) -> None:
+    """End a transaction that a checkpoint write cut short left open.
+
+    AsyncSqliteSaver writes and commits under its lock; a drive cancelled (or failing)
+    between the two leaves its connection, shared by every drive of the process, inside
+    a transaction that holds SQLite's write lock, and every later write waits on it.
+    Rolling back is what a crash at that point would do. Under the saver's lock no other
+    write is between its statement and its commit; aiosqlite runs the rollback after
+    the cut-short statement.
+    """
+    if isinstance(saver, AsyncSqliteSaver):
+        async with saver.lock:
+            await saver.conn.rollback()

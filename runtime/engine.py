@@ -28,6 +28,7 @@ from langgraph.types import Command
 
 from runtime.adapter import Adapter, fail_run
 from runtime.agent import AgentSpec
+from runtime.backend import settle_checkpointer
 from runtime.budget import Maxima, effective_limits
 from runtime.cancelling import finish_cancel
 from runtime.context import Context
@@ -71,6 +72,7 @@ class Engine:
         if default_agent not in agents:
             raise ValueError(f"default agent {default_agent!r} is not registered")
         self.store = store
+        self.checkpointer = checkpointer
         self.agents = dict(agents)
         self.default_agent = default_agent
         self.maxima = maxima or Maxima()
@@ -150,7 +152,11 @@ class Engine:
             if cancel is not None:
                 await finish_cancel(store, self._tools_of, run_id, *cancel)
             else:
-                await self._drive_graph(store, run_id)
+                try:
+                    await self._drive_graph(store, run_id)
+                except BaseException:
+                    await asyncio.shield(settle_checkpointer(self.checkpointer))
+                    raise
         except LeaseLost:
             log.warning("lost the lease on %s; another worker drives it now", run_id)
             return
