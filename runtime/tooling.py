@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -84,8 +86,15 @@ class ToolSpec:
             "reconcile": self.reconcile is not None,
             "compensate": self.compensate is not None,
             "secret_args": sorted(self.secret_args),
-            "schema": self.args_model.model_json_schema(),
+            "schema": copy.deepcopy(_args_schema(self.args_model)),
         }
+
+
+@functools.cache
+def _args_schema(model: type[BaseModel]) -> dict[str, Any]:
+    # Generating a schema costs ~1 ms, and the planner node describes every tool at
+    # every step; a model class does not change, so its schema is made once.
+    return model.model_json_schema()
 
 
 class ToolResolver(Protocol):
