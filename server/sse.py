@@ -14,6 +14,10 @@ from runtime.events import is_terminal_event
 from runtime.lifecycle import TERMINAL
 from runtime.model import Event
 from runtime.store.base import RunStore
+from runtime.store.core import event_of
+
+LOG_PAGE = 500
+"""Events read from the log at once."""
 
 
 def format_event(event: Event) -> bytes:
@@ -27,25 +31,44 @@ async def event_stream(
     """Everything after ``after``, then live events; ends after the terminal state event."""
     yield b"retry: 1000\n\n"
     with bus.subscribe(run_id) as waiter:
+        woken = False
         while True:
+            # Events this process committed came with their wake-up: no read of the log.
+            committed_here = waiter.rows_after(after) if woken else None
             waiter.clear()
-            events = await store.list_events(run_id, after)
+            if committed_here is not None:
+                events = [event_of(row) for row in committed_here]
+            else:
+                events = await store.list_events(run_id, after, limit=LOG_PAGE)
             for event in events:
                 yield format_event(event)
                 after = event.seq
                 if is_terminal_event(event.type, event.data):
                     return
+            if len(events) == LOG_PAGE:
+                continue  # more is waiting in the log
             if not events:
+                # Nothing new: the run may have ended before `after` (a reconnect past
+                # its end), where no terminal event is left to send.
                 run = await store.get_run(run_id)
                 if run is None or run.state in TERMINAL:
                     # The terminal event may have committed after our read of the log.
                     if run is not None and await store.list_events(run_id, after, limit=1):
                         continue
                     return
+            # Cleared before the read, so an event committed since then has set it: no
+            # second read to find out there is nothing more (one read per new commit).
+            woken = False
+            while True:
                 try:
                     await asyncio.wait_for(waiter.wait(), keepalive_s)
                 except TimeoutError:
                     yield b": keepalive\n\n"
+                    break
+                if waiter.news_after(after):
+                    woken = True
+                    break
+                waiter.clear()
 
 
 class StreamSlots:

@@ -33,6 +33,7 @@ from runtime.store.core import (
     _enc,
     decode_cursor,
     encode_cursor,
+    event_of,
 )
 from runtime.store.leases import LeaseQueries
 from runtime.store.tool_calls import ToolCallQueries
@@ -280,7 +281,7 @@ class RunStore(
                 "ORDER BY seq LIMIT ?",
                 (run_id, after, limit),
             )
-        return [Event.model_validate(_dec(r)) for r in rows]
+        return [event_of(r) for r in rows]
 
     # -- steps ----------------------------------------------------------------
 

@@ -19,13 +19,12 @@ from typing import Any, Protocol, Self
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger, transition
-from runtime.model import (
-    utcnow,
-)
+from runtime.model import Event, utcnow
 from runtime.store.schema import MIGRATIONS
 
 Row = dict[str, Any]
-EventListener = Callable[[str, int], None]
+EventListener = Callable[[str, int, Sequence[Row]], None]
+"""(run_id, last seq committed, the committed event rows of that run, as stored)."""
 
 _JSON_COLUMNS = {
     "context",
@@ -76,6 +75,15 @@ def _dec(row: Row) -> Row:
         k: (json.loads(v) if k in _JSON_COLUMNS and isinstance(v, str) else v)
         for k, v in row.items()
     }
+
+
+def event_row(run_id: str, seq: int, type_: str, ts: str, data: str) -> Row:
+    """An events row as stored (``data`` encoded), in the events table's column order."""
+    return {"run_id": run_id, "seq": seq, "type": type_, "ts": ts, "data": data}
+
+
+def event_of(row: Row) -> Event:
+    return Event.model_validate(_dec(row))
 
 
 def _iso(value: datetime) -> str:
@@ -147,6 +155,10 @@ class StoreTx:
         self.inner = inner
         self.fence = fence
         self.appended: dict[str, int] = {}
+        self.announced: dict[str, int] = {}
+        self.rows: dict[str, list[Row]] = {}
+        """The event rows appended, per run, as they are stored."""
+        """Runs whose last appended seq a statement of this transaction already announced."""
 
     def take_fence(self, run_id: str) -> int | None:
         """The fencing token, if it is still to be checked and is on ``run_id``: the
@@ -183,6 +195,8 @@ class StoreCore(ABC):
     for_update: str = ""
     now_sql: str
     skip_locked: str = ""
+    notify_sql: str | None = None
+    """A SELECT announcing (channel, payload) that can follow a CTE, where the dialect has one."""
 
     def __init__(self) -> None:
         self._listeners: list[EventListener] = []
@@ -204,8 +218,9 @@ class StoreCore(ABC):
             tx = StoreTx(self, inner, self._fence)
             yield tx
             for run_id, seq in tx.appended.items():
-                await self._announce(inner, EVENTS_CHANNEL, f"{run_id} {seq}")
-        self._notify(tx.appended)
+                if tx.announced.get(run_id, 0) < seq:
+                    await self._announce(inner, EVENTS_CHANNEL, f"{run_id} {seq}")
+        self._notify(tx.appended, tx.rows)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Tx]:
@@ -290,10 +305,11 @@ class StoreCore(ABC):
                     await tx.execute(sql.format(blob=self.blob_type))
                 await tx.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
 
-    def _notify(self, appended: dict[str, int]) -> None:
+    def _notify(self, appended: dict[str, int], rows: dict[str, list[Row]]) -> None:
+        """After a commit: tell the listeners each run's last seq and its new event rows."""
         for run_id, seq in appended.items():
             for listener in self._listeners:
-                listener(run_id, seq)
+                listener(run_id, seq, rows.get(run_id, ()))
 
     async def _append(
         self,
@@ -310,10 +326,15 @@ class StoreCore(ABC):
             )
             if seen is not None:
                 return None
+        # The update locks the run row, so it can check the fence too, as _lock_run does.
+        version = tx.take_fence(run_id)
         row = await tx.fetchone(
-            "UPDATE runs SET last_seq = last_seq + 1 WHERE run_id = ? RETURNING last_seq",
+            "UPDATE runs SET last_seq = last_seq + 1 WHERE run_id = ? "
+            "RETURNING last_seq, lease_version",
             (run_id,),
         )
+        if version is not None and (row is None or int(row["lease_version"]) != version):
+            raise LeaseLost(f"lease {version} on {run_id} is no longer held")
         if row is None:
             raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
         seq = int(row["last_seq"])
@@ -332,12 +353,23 @@ class StoreCore(ABC):
         first = last_seq - len(events) + 1
         ts = _ts()
         params: list[Any] = []
+        rows = tx.rows.setdefault(run_id, [])
         for offset, (type_, data) in enumerate(events):
-            params += [run_id, first + offset, type_.value, ts, _enc(data), dedupe_key]
+            row = event_row(run_id, first + offset, type_.value, ts, _enc(data))
+            rows.append(row)
+            params += [*row.values(), dedupe_key]
         marks = ", ".join("(?, ?, ?, ?, ?, ?)" for _ in events)
-        await tx.execute(
-            f"INSERT INTO events (run_id, seq, type, ts, data, dedupe_key) VALUES {marks}", params
-        )
+        insert = f"INSERT INTO events (run_id, seq, type, ts, data, dedupe_key) VALUES {marks}"
+        if self.notify_sql is not None:
+            # NOTIFY is delivered at commit whenever it is sent: with the insert, it
+            # costs no round trip of its own.
+            await tx.execute(
+                f"WITH ins AS ({insert}) {self.notify_sql}",
+                [*params, EVENTS_CHANNEL, f"{run_id} {last_seq}"],
+            )
+            tx.announced[run_id] = max(last_seq, tx.announced.get(run_id, 0))
+        else:
+            await tx.execute(insert, params)
         tx.appended[run_id] = max(last_seq, tx.appended.get(run_id, 0))
 
     async def _insert_once(self, tx: Tx, table: str, key: str, data: dict[str, Any]) -> bool:

@@ -21,7 +21,7 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.model import Step, ToolCall
 from runtime.store.base import RunStore
-from runtime.store.core import EVENTS_CHANNEL, LeaseLost, Row, _dec, _enc, _ts
+from runtime.store.core import EVENTS_CHANNEL, LeaseLost, Row, _dec, _enc, _ts, event_row
 
 _FENCE = "f AS (SELECT run_id FROM runs WHERE run_id = %s AND lease_version = %s FOR UPDATE)"
 
@@ -37,6 +37,7 @@ def _event_ctes(source: str) -> str:
 
 
 def _event_params(type_: EventType, data: dict[str, Any]) -> list[Any]:
+    """type, ts, data of the event the statement appends (its seq comes back in ``_seq``)."""
     return [type_.value, _ts(), _enc(data)]
 
 
@@ -66,13 +67,17 @@ class PgSingleStatements(RunStore):
             return None
         return self._fence[1]
 
-    def _check(self, row: Row, run_id: str, version: int) -> None:
+    def _check(self, row: Row, run_id: str, version: int, event: list[Any] | None = None) -> None:
+        """Raise if the fence failed; announce the event the statement appended, if any.
+
+        ``event``: its :func:`_event_params`."""
         if not row.pop("_fenced"):
             raise LeaseLost(f"lease {version} on {run_id} is no longer held")
         seq = row.pop("_seq", None)
         row.pop("_notified", None)
         if seq is not None:
-            self._notify({run_id: int(seq)})
+            rows = [event_row(run_id, int(seq), *event)] if event is not None else []
+            self._notify({run_id: int(seq)}, {run_id: rows})
 
     async def record_step(self, step: Step) -> Step:
         version = self._fence_of(step.run_id)
@@ -108,6 +113,7 @@ class PgSingleStatements(RunStore):
             return await super().start_tool_call(call, action)
         values = {**call.model_dump(mode="json"), "attempts": call.attempts + 1}
         cols = list(values)
+        event = _event_params(EventType.ACTION, action)
         row = await self._once(
             f"WITH {_FENCE}, ins AS (INSERT INTO tool_calls ({', '.join(cols)}) "
             f"SELECT {', '.join('%s' for _ in cols)} FROM f "
@@ -116,11 +122,11 @@ class PgSingleStatements(RunStore):
                 call.run_id,
                 version,
                 *(_enc(values[c]) for c in cols),
-                *_event_params(EventType.ACTION, action),
+                *event,
                 EVENTS_CHANNEL,
             ],
         )
-        self._check(row, call.run_id, version)
+        self._check(row, call.run_id, version, event)
         if row.get("tool_call_id") is not None:
             return ToolCall.model_validate(_dec(row)), True
         existing = await self.get_tool_call(call.tool_call_id)
@@ -143,6 +149,7 @@ class PgSingleStatements(RunStore):
         fields["updated_at"] = _ts()
         sets = ", ".join(f"{k} = %s" for k in fields)
         statuses = ", ".join("%s" for _ in from_status)
+        event = _event_params(EventType.RESULT, result)
         row = await self._once(
             f"WITH {_FENCE}, u AS (UPDATE tool_calls SET {sets} WHERE tool_call_id = %s "
             f"AND run_id IN (SELECT run_id FROM f) AND status IN ({statuses}) RETURNING *), "
@@ -153,11 +160,11 @@ class PgSingleStatements(RunStore):
                 *(_enc(v) for v in fields.values()),
                 tool_call_id,
                 *from_status,
-                *_event_params(EventType.RESULT, result),
+                *event,
                 EVENTS_CHANNEL,
             ],
         )
-        self._check(row, run_id, version)
+        self._check(row, run_id, version, event)
         if row.get("tool_call_id") is not None:
             return ToolCall.model_validate(_dec(row))
         current = await self.get_tool_call(tool_call_id)

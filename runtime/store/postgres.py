@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from runtime.events import EventType
 from runtime.lifecycle import TRANSITIONS, State, Trigger
 from runtime.store.base import Row, Tx
-from runtime.store.core import EVENTS_CHANNEL, _enc, _transition_changes, _ts
+from runtime.store.core import EVENTS_CHANNEL, _enc, _transition_changes, _ts, event_row
 from runtime.store.pg_once import PgSingleStatements
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class PostgresRunStore(PgSingleStatements):
     for_update = " FOR UPDATE"
     skip_locked = " FOR UPDATE SKIP LOCKED"
     now_sql = "EXTRACT(EPOCH FROM clock_timestamp())"
+    notify_sql = "SELECT pg_notify(?, ?)"
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[DictRow]]) -> None:
         super().__init__()
@@ -157,9 +158,11 @@ class PostgresRunStore(PgSingleStatements):
         params.append(len(all_events))
         ts = _ts()
         rows = []
+        stored: list[tuple[str, str, str]] = []
         for ordinal, (type_, data) in enumerate(all_events, start=1):
             rows.append(f"({ordinal}, %s, %s, %s)")
-            params += [type_.value, ts, _enc(data)]
+            stored.append((type_.value, ts, _enc(data)))
+            params += stored[-1]
         params.append(EVENTS_CHANNEL)
         query = (
             f"WITH r AS (UPDATE runs SET {sets}, last_seq = last_seq + %s "
@@ -175,7 +178,12 @@ class PostgresRunStore(PgSingleStatements):
         if row is None:
             return None
         row.pop("_notified", None)
-        self._notify({run_id: int(row["last_seq"])})
+        last = int(row["last_seq"])
+        first = last - len(stored) + 1
+        self._notify(
+            {run_id: last},
+            {run_id: [event_row(run_id, first + i, *e) for i, e in enumerate(stored)]},
+        )
         return row
 
     async def _announce(self, tx: Tx, channel: str, payload: str) -> None:

@@ -65,7 +65,10 @@ def test_live_stream_across_an_approval(server: ServerProcess) -> None:
         )
         assert resp.status_code == 202
         tail = server.follow(run_id, state_is("succeeded", "failed"), after=head[-1]["seq"])
+        stored = http.get(f"/runs/{run_id}/events", headers={"Accept": "application/json"}).json()
     assert [e["seq"] for e in head + tail] == list(range(1, len(head) + len(tail) + 1))
+    # Sent live (mostly from the commits' own wake-ups, not re-read): exactly the log.
+    assert head + tail == stored
     assert tail[0]["type"] == "approval_result" and tail[-1]["data"]["to"] == "succeeded"
     assert "SKU-" in http_get_answer(server, run_id)
 

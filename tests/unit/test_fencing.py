@@ -105,7 +105,7 @@ async def test_a_transition_from_another_state_is_refused(
     store = store_of(backend)
     run = await make_run(store)
     seen: list[tuple[str, int]] = []
-    store.add_listener(lambda run_id, seq: seen.append((run_id, seq)))
+    store.add_listener(lambda run_id, seq, _rows: seen.append((run_id, seq)))
 
     with pytest.raises(RuntimeProblem) as info:
         await store.transition(run.run_id, Trigger.NEXT_STEP, expect=State.EXECUTING)
