@@ -24,7 +24,8 @@ CPU time (/proc/<pid>/stat, the whole process group for ``langgraph dev``) aroun
 every load: CPU per flow and cores busy say whether a side is CPU-bound.
 
 ``python -m bench.http_throughput [--reps N] [--quick]``
-``python -m bench.http_throughput --profile``: cProfile of our server under 20 clients.
+``python -m bench.http_throughput --profile [--clients N] [--profile-out F]``: cProfile of
+our server under N clients (20), optionally keeping the .prof file.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import argparse
 import asyncio
 import io
 import re
+import shutil
 import statistics
 import tempfile
 import time
@@ -317,7 +319,9 @@ def measure(reps: int = 5, flows1: int = 10, flows20: int = 3, warmup: int = 3) 
             peer.stop()
 
 
-def profile(clients: int = 20, flows_per_client: int = 5, top: int = 35) -> str:
+def profile(
+    clients: int = 20, flows_per_client: int = 5, top: int = 35, keep: Path | None = None
+) -> str:
     """cProfile of our server (its main thread: the event loop) under ``clients`` clients."""
     import pstats
 
@@ -347,6 +351,8 @@ def profile(clients: int = 20, flows_per_client: int = 5, top: int = 35) -> str:
             f"server CPU {got.cpu_s / got.flows * 1000:.0f} ms/flow "
             f"({got.cpu_s / got.wall_s:.2f} cores), including start-up and warm-up below\n"
         )
+        if keep is not None:  # for pstats or snakeviz afterwards
+            shutil.copy(tmp / "server.prof", keep)
         stats = pstats.Stats(str(tmp / "server.prof"), stream=out)
         stats.sort_stats("tottime").print_stats(top)
         stats.sort_stats("cumulative").print_stats(top)
@@ -362,9 +368,11 @@ def main() -> None:
     parser.add_argument("--flows20", type=int, default=3, help="flows of each of 20 clients")
     parser.add_argument("--quick", action="store_true", help="3 reps, fewer flows")
     parser.add_argument("--profile", action="store_true", help="cProfile our server, 20 clients")
+    parser.add_argument("--clients", type=int, default=20, help="with --profile")
+    parser.add_argument("--profile-out", type=Path, help="with --profile: keep the .prof file")
     args = parser.parse_args()
     if args.profile:
-        print(profile())
+        print(profile(clients=args.clients, keep=args.profile_out))
         return
     if args.quick:
         args.reps, args.flows1, args.flows20 = 3, 5, 2
