@@ -6,11 +6,13 @@ schemas, and the statistics every benchmark reports (medians of paired ratios).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -34,6 +36,25 @@ NOOP_AGENT = "bench_noop"
 BLOB_AGENT = "bench_blob"
 
 
+@dataclass
+class Work:
+    """Simulated latency of the work a run does, the same on both sides of a comparison."""
+
+    planner_s: float = 0.0
+    """Each planning step (an LLM call, in a real run)."""
+    tool_s: float = 0.0
+    """Each tool call."""
+
+    def label(self) -> str:
+        if not self.planner_s and not self.tool_s:
+            return "none (no-op)"
+        return f"planner {self.planner_s * 1000:.0f} ms, tool {self.tool_s * 1000:.0f} ms"
+
+
+WORK = Work()
+"""What the benchmark's planner and no-op tool wait for; set by ``bench.overhead``."""
+
+
 class NoArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -45,6 +66,8 @@ class BlobArgs(BaseModel):
 
 
 async def noop(args: NoArgs, ctx: ToolContext) -> dict[str, object]:
+    if WORK.tool_s:
+        await asyncio.sleep(WORK.tool_s)
     return {"ok": True}
 
 
@@ -64,6 +87,8 @@ class ScriptPlanner:
         self.agent = agent
 
     async def next_step(self, view: PlannerView) -> Decision:
+        if self.agent == NOOP_AGENT and WORK.planner_s:
+            await asyncio.sleep(WORK.planner_s)
         if self.agent == NOOP_AGENT and len(view.observations) < TOOL_STEPS:
             return Decision(
                 kind="tool_calls", summary="noop", tool_calls=[ProposedCall(tool="noop")]

@@ -8,7 +8,7 @@ Repetitions alternate pairwise (raw, engine, then engine, raw, …) so a slow
 moment of the machine hits both sides; we report medians and the median of the
 per-pair ratios, never a single absolute time.
 
-``python -m bench.overhead [--reps N] [--profile sqlite|postgres]``
+``python -m bench.overhead [--reps N] [--realistic] [--profile sqlite|postgres]``
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from psycopg_pool import AsyncConnectionPool
 from bench import (
     NOOP_AGENT,
     TOOL_STEPS,
+    WORK,
+    Work,
     bench_agents,
     engine_settings,
     fmt_ms,
@@ -67,6 +69,8 @@ class RawState(TypedDict, total=False):
 
 
 async def raw_noop_tool() -> dict[str, object]:
+    if WORK.tool_s:
+        await asyncio.sleep(WORK.tool_s)
     return {"ok": True}
 
 
@@ -76,6 +80,8 @@ async def raw_noop_tool() -> dict[str, object]:
 
 
 async def raw_planner(state: RawState) -> dict[str, Any]:
+    if WORK.planner_s:
+        await asyncio.sleep(WORK.planner_s)
     done = len(state.get("observations") or [])
     if done < TOOL_STEPS:
         decision = {"kind": "tool_calls", "tool_calls": [{"tool": "noop", "args": {}}]}
@@ -196,6 +202,7 @@ async def timed(fn: Callable[[], Awaitable[None]]) -> float:
 class OverheadResult:
     store: str
     reps: int
+    work: str
     raw_s: float
     engine_s: float
     ratio: float
@@ -210,6 +217,7 @@ class OverheadResult:
     def row(self) -> list[str]:
         return [
             self.store,
+            self.work,
             str(self.reps),
             fmt_ms(self.raw_s),
             fmt_ms(self.engine_s),
@@ -221,6 +229,7 @@ class OverheadResult:
 
 HEADER = [
     "store",
+    "simulated work per step",
     "pairs",
     "raw LangGraph / run (median)",
     "engine / run (median)",
@@ -230,7 +239,23 @@ HEADER = [
 ]
 
 
-async def measure(store: str, reps: int, warmup: int = 3) -> OverheadResult:
+REALISTIC = Work(planner_s=0.05, tool_s=0.02)
+"""Still fast for an LLM (50 ms a planning step) and a tool (20 ms): the share of a
+real run's time that the runtime adds, next to the no-op run's worst case."""
+
+
+async def measure(
+    store: str, reps: int, warmup: int = 3, work: Work | None = None
+) -> OverheadResult:
+    work = work or Work()
+    WORK.planner_s, WORK.tool_s = work.planner_s, work.tool_s
+    try:
+        return await _measure(store, reps, warmup, work)
+    finally:
+        WORK.planner_s = WORK.tool_s = 0.0
+
+
+async def _measure(store: str, reps: int, warmup: int, work: Work) -> OverheadResult:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmpdir:
         tmp = Path(tmpdir)
         async with raw_checkpointer(store, tmp) as saver, engine_host(store, tmp) as host:
@@ -251,6 +276,7 @@ async def measure(store: str, reps: int, warmup: int = 3) -> OverheadResult:
     return OverheadResult(
         store=store,
         reps=reps,
+        work=work.label(),
         raw_s=median(raw_t),
         engine_s=median(eng_t),
         ratio=median(eng_t) / median(raw_t),
@@ -282,13 +308,23 @@ def main() -> None:
     parser.add_argument("--store", choices=["sqlite", "postgres"], action="append")
     parser.add_argument("--profile", choices=["sqlite", "postgres"])
     parser.add_argument("--profile-runs", type=int, default=20)
+    parser.add_argument(
+        "--realistic",
+        action="store_true",
+        help=f"also with simulated work: {REALISTIC.label()} (the target is on the no-op run)",
+    )
     args = parser.parse_args()
     if args.profile:
         print(asyncio.run(profile(args.profile, args.profile_runs)))
         return
     from bench import markdown_table
 
-    rows = [asyncio.run(measure(s, args.reps)).row() for s in args.store or ["sqlite", "postgres"]]
+    works = [Work(), REALISTIC] if args.realistic else [Work()]
+    rows = [
+        asyncio.run(measure(s, args.reps, work=w)).row()
+        for w in works
+        for s in args.store or ["sqlite", "postgres"]
+    ]
     print(markdown_table(HEADER, rows))
 
 
