@@ -128,4 +128,10 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX IF NOT EXISTS runs_tenant_state ON runs (tenant_id, state)",
         "CREATE INDEX IF NOT EXISTS events_dedupe_key ON events (dedupe_key)",
     ],
+    [
+        # A run's approvals (the finish node's check for a pending one, a failing run's
+        # expiry, the trace): without it each read scanned every pending approval of
+        # every parked run.
+        "CREATE INDEX IF NOT EXISTS approvals_run ON approvals (run_id, created_at)",
+    ],
 ]
