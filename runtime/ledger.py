@@ -23,7 +23,14 @@ from runtime.events import result_event, summarize
 from runtime.ids import idempotency_key
 from runtime.model import ToolCall, utcnow
 from runtime.services import NodeStore
-from runtime.tooling import ArtifactSink, ToolBusinessError, ToolContext, ToolSpec, ToolUnavailable
+from runtime.tooling import (
+    REDACTED,
+    ArtifactSink,
+    ToolBusinessError,
+    ToolContext,
+    ToolSpec,
+    ToolUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +93,45 @@ def new_ledger_row(
     )
 
 
+MIN_SCRUBBED_CHARS = 4
+"""Shorter secret values are not scrubbed from error text: "1" would mangle every digit."""
+
+
+def secret_values(spec: ToolSpec, args: BaseModel) -> list[str]:
+    """The values of the call's secret args as text, longest first (to scrub them out)."""
+    if not spec.secret_args:
+        return []
+    dumped = args.model_dump(mode="json")
+    found = []
+    for name in spec.secret_args:
+        value = dumped.get(name)
+        if value is None:
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        if len(text) >= MIN_SCRUBBED_CHARS:
+            found.append(text)
+    return sorted(found, key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
 async def _run_handler(
     spec: ToolSpec, args: BaseModel, tctx: ToolContext
 ) -> tuple[str, Any, dict[str, Any] | None, int]:
-    """(status, output, error, attempts) after bounded retries of transient faults."""
+    """(status, output, error, attempts) after bounded retries of transient faults.
+
+    An error's message is the handler's own text, which may quote its arguments: the
+    values of secret args are scrubbed from it before it reaches the ledger, events,
+    the planner or the log.
+    """
     # A side effect that is not idempotent is never retried blind: a timeout may
     # come after the effect. The caller reconciles or marks the outcome unknown.
     max_attempts = 1 if spec.side_effect and not spec.idempotent else spec.max_attempts
+    secrets = secret_values(spec, args)
     attempt = 0
     while True:
         attempt += 1
@@ -100,9 +139,10 @@ async def _run_handler(
             output = await asyncio.wait_for(spec.handler(args, tctx), spec.timeout_s)
             return "succeeded", output, None, attempt
         except ToolBusinessError as exc:
-            return "failed", None, {"code": Code.TOOL_BUSINESS_ERROR, "message": str(exc)}, attempt
+            error = {"code": Code.TOOL_BUSINESS_ERROR, "message": scrub(str(exc), secrets)}
+            return "failed", None, error, attempt
         except (ToolUnavailable, TimeoutError) as exc:
-            message = str(exc) or f"{spec.ref} timed out after {spec.timeout_s}s"
+            message = scrub(str(exc), secrets) or f"{spec.ref} timed out after {spec.timeout_s}s"
             if attempt >= max_attempts:
                 return "failed", None, {"code": Code.TOOL_UNAVAILABLE, "message": message}, attempt
             delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
@@ -110,8 +150,12 @@ async def _run_handler(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("tool %s failed", spec.ref)
-            return "failed", None, {"code": Code.TOOL_FAILED, "message": repr(exc)}, attempt
+            message = scrub(repr(exc), secrets)
+            if secrets:  # a traceback would print the unscrubbed message
+                log.error("tool %s failed: %s", spec.ref, message)
+            else:
+                log.exception("tool %s failed", spec.ref)
+            return "failed", None, {"code": Code.TOOL_FAILED, "message": message}, attempt
 
 
 async def _finish(

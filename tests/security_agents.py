@@ -26,6 +26,11 @@ class RotateArgs(BaseModel):
     password: str
 
 
+class CheckArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    api_key: str
+
+
 class NoteArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str
@@ -37,6 +42,10 @@ def build_tools(settings: Settings) -> ToolRegistry:
         with (settings.data_dir / "rotated.log").open("a") as fh:
             fh.write(f"{args.account} {args.password}\n")
         return {"account": args.account, "rotated": True}
+
+    async def check_key(args: CheckArgs, ctx: ToolContext) -> dict[str, object]:
+        # A careless handler: its error quotes the secret it was given.
+        raise PermissionError(f"upstream rejected key {args.api_key!r}")
 
     async def note(args: NoteArgs, ctx: ToolContext) -> dict[str, object]:
         return {"noted": args.text}
@@ -52,6 +61,14 @@ def build_tools(settings: Settings) -> ToolRegistry:
                 risk="high",
                 side_effect=True,
                 secret_args=frozenset({"password"}),
+            ),
+            ToolSpec(
+                "check_key",
+                "1",
+                "Check an API key upstream (the key is secret).",
+                CheckArgs,
+                check_key,
+                secret_args=frozenset({"api_key"}),
             ),
             ToolSpec(
                 "self_note",
@@ -73,6 +90,13 @@ def rotator(view: PlannerView) -> Decision:
     return finish(f"rotation: {view.observations[-1].status}")
 
 
+def leaker(view: PlannerView) -> Decision:
+    """One call whose handler fails with the secret in its message."""
+    if not view.observations:
+        return call("check_key", api_key=SECRET)
+    return finish("checked")
+
+
 def self_approver(view: PlannerView) -> Decision:
     """One high-risk call whose tool allows self-approval."""
     if not view.observations:
@@ -89,5 +113,5 @@ def build_agents(settings: Settings) -> list[AgentSpec]:
             builder=build_run_graph(ScriptPlanner(script), tools, DefaultPolicy()),
             tools=tools,
         )
-        for script in (rotator, self_approver)
+        for script in (rotator, self_approver, leaker)
     ]

@@ -61,3 +61,28 @@ async def test_args_of_an_unknown_tool_show_no_values(api: Api) -> None:
         "version": None,
         "args": {"where": "[redacted]"},
     }
+
+
+async def test_a_secret_quoted_in_a_tool_error_is_scrubbed(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler's error text is its own; the runtime scrubs the secret args' values
+    out of it before the ledger, the events, the run's outcome, the planner or the log."""
+    caplog.set_level(logging.DEBUG)
+    quiet_sql_parameters()
+    run = await api.create(agent_id="leaker", input="check", context={})
+    final = await api.settle(run["run_id"])
+    assert final["state"] == "failed" and final["outcome"]["code"] == "TOOL_FAILED"
+    assert "upstream rejected key '[redacted]'" in final["outcome"]["message"]
+    for path in ("", "/trace", "/tool-calls", "/checkpoint", "/events"):
+        resp = await api.client.get(
+            f"/runs/{run['run_id']}{path}", headers={"Accept": "application/json"}
+        )
+        assert resp.status_code == 200 and SECRET not in resp.text, path
+    logged = "\n".join(api_log_text(record) for record in caplog.records)
+    assert "check_key@1 failed" in logged and SECRET not in logged
+
+
+def api_log_text(record: logging.LogRecord) -> str:
+    """The record as a handler would print it, traceback included."""
+    return logging.Formatter().format(record)
