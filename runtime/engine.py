@@ -87,6 +87,8 @@ class Engine:
         self._cancelling: set[str] = set()
         self.work = asyncio.Event()
         """Set when there may be a run to claim; the worker waits on it."""
+        self.full = False
+        """Set by the worker while every slot is taken: a drive that ends frees one."""
 
     def wake(self) -> None:
         self.work.set()
@@ -141,7 +143,8 @@ class Engine:
             del self.drives[run_id]
         if not task.cancelled() and task.exception() is not None:
             log.error("driver of %s failed", run_id, exc_info=task.exception())
-        self.wake()  # a slot is free
+        if self.full:
+            self.wake()  # a slot is free
         self.bus.publish(run_id, 0)  # wake anyone waiting for the run to settle
 
     async def _drive(self, run_id: str, version: int) -> None:
@@ -187,7 +190,13 @@ class Engine:
 
     async def _release(self, run_id: str, version: int, needs_drive: bool | None) -> None:
         with contextlib.suppress(*TRANSIENT_DB_ERRORS):
-            await self.store.release_lease(run_id, self.owner, version, needs_drive=needs_drive)
+            pending = await self.store.release_lease(
+                run_id, self.owner, version, needs_drive=needs_drive
+            )
+            if pending:
+                # Decided, cancelled or handed back while we drove it: a worker (this
+                # one, most likely) claims it again. Its NOTIFY came while we held it.
+                self.wake()
 
     async def _drive_graph(self, store: RunStore, run_id: str) -> None:
         run = await store.get_run(run_id)

@@ -61,6 +61,7 @@ class Worker:
                     engine.start_drive(run_id, version)
             if claimed and len(claimed) == free:
                 continue  # there may be more waiting
+            engine.full = len(engine.drives) >= self.concurrency
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(engine.work.wait(), backoff)
 

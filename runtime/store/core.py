@@ -222,6 +222,16 @@ class StoreCore(ABC):
                     await self._announce(inner, EVENTS_CHANNEL, f"{run_id} {seq}")
         self._notify(tx.appended, tx.rows)
 
+    def _single(self) -> AbstractAsyncContextManager[Tx]:
+        """Where one writing statement commits by itself; a transaction by default."""
+        return self._tx()
+
+    async def write_once(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """One writing statement, atomic by itself, without the lease fence: for lease
+        bookkeeping, whose statements state their own conditions (owner, version)."""
+        async with self._single() as conn:
+            return await conn.fetchall(sql, params)
+
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Tx]:
         """For methods that run one SELECT: a worker that lost its lease may still read

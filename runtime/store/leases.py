@@ -21,36 +21,29 @@ class LeaseQueries(StoreCore):
         """
         if limit <= 0:
             return []
-        async with self.tx() as tx:
-            rows = await tx.fetchall(
-                "SELECT run_id FROM runs WHERE needs_drive = 1 AND "
-                f"(lease_expires_at IS NULL OR lease_expires_at < {self.now_sql}) "
-                f"ORDER BY updated_at LIMIT ?{self.skip_locked}",
-                (limit,),
-            )
-            claimed: list[tuple[str, int]] = []
-            for row in rows:
-                got = await tx.fetchone(
-                    "UPDATE runs SET lease_owner = ?, "
-                    f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
-                    "WHERE run_id = ? RETURNING lease_version",
-                    (owner, lease_s, row["run_id"]),
-                )
-                if got is not None:
-                    claimed.append((row["run_id"], int(got["lease_version"])))
-        return claimed
+        # One statement: the rows are locked (skipping those another worker is claiming
+        # right now) and leased together, one round trip where the dialect autocommits.
+        rows = await self.write_once(
+            "UPDATE runs SET lease_owner = ?, "
+            f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
+            "WHERE run_id IN (SELECT run_id FROM runs WHERE needs_drive = 1 AND "
+            f"(lease_expires_at IS NULL OR lease_expires_at < {self.now_sql}) "
+            f"ORDER BY updated_at LIMIT ?{self.skip_locked}) "
+            "RETURNING run_id, lease_version",
+            (owner, lease_s, limit),
+        )
+        return [(row["run_id"], int(row["lease_version"])) for row in rows]
 
     async def take_lease(self, run_id: str, owner: str, lease_s: float) -> int | None:
         """Claim one run whatever it needs, unless another worker's lease is live."""
-        async with self.tx() as tx:
-            got = await tx.fetchone(
-                "UPDATE runs SET lease_owner = ?, "
-                f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
-                "WHERE run_id = ? AND (lease_owner IS NULL OR lease_owner = ? OR "
-                f"lease_expires_at < {self.now_sql}) RETURNING lease_version",
-                (owner, lease_s, run_id, owner),
-            )
-        return int(got["lease_version"]) if got else None
+        got = await self.write_once(
+            "UPDATE runs SET lease_owner = ?, "
+            f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
+            "WHERE run_id = ? AND (lease_owner IS NULL OR lease_owner = ? OR "
+            f"lease_expires_at < {self.now_sql}) RETURNING lease_version",
+            (owner, lease_s, run_id, owner),
+        )
+        return int(got[0]["lease_version"]) if got else None
 
     async def renew_leases(
         self, owner: str, leases: Sequence[tuple[str, int]], lease_s: float
@@ -71,20 +64,23 @@ class LeaseQueries(StoreCore):
 
     async def release_lease(
         self, run_id: str, owner: str, version: int, *, needs_drive: bool | None
-    ) -> bool:
-        """Give the run back; ``needs_drive`` None leaves the flag as it is."""
+    ) -> bool | None:
+        """Give the run back; ``needs_drive`` None leaves the flag as it is.
+
+        Returns whether the run needs driving now (someone may have set the flag while
+        we drove it: a decision, a cancel), or None if the lease was no longer ours.
+        """
         sets = "lease_owner = NULL, lease_expires_at = NULL"
         params: list[Any] = []
         if needs_drive is not None:
             sets += ", needs_drive = ?"
             params.append(int(needs_drive))
-        async with self.tx() as tx:
-            got = await tx.fetchone(
-                f"UPDATE runs SET {sets} WHERE run_id = ? AND lease_owner = ? "
-                "AND lease_version = ? RETURNING run_id",
-                [*params, run_id, owner, version],
-            )
-        return got is not None
+        got = await self.write_once(
+            f"UPDATE runs SET {sets} WHERE run_id = ? AND lease_owner = ? "
+            "AND lease_version = ? RETURNING needs_drive",
+            [*params, run_id, owner, version],
+        )
+        return bool(got[0]["needs_drive"]) if got else None
 
     async def expire_all_leases(self) -> None:
         """Embedded mode is one process: at its start, no earlier lease can be alive."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from psycopg import AsyncConnection, sql
@@ -121,6 +121,10 @@ class PostgresRunStore(PgSingleStatements):
     async def _tx(self) -> AsyncIterator[_PgTx]:
         async with self.pool.connection() as conn, conn.transaction():
             yield _PgTx(conn)
+
+    def _single(self) -> AbstractAsyncContextManager[_PgTx]:
+        # Autocommit: a lone statement is its own transaction, without BEGIN and COMMIT.
+        return self._read()
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[_PgTx]:
