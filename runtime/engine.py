@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 RECURSION_LIMIT = 100_000  # the run's own budgets bound the loop, not LangGraph's step cap
 TRANSIENT_DB_ERRORS = (psycopg.OperationalError, sqlite3.OperationalError, OSError)
+INTERRUPT = "__interrupt__"
+"""The key of a "values" stream part that carries the graph's interrupts (LangGraph
+keeps its own constant private)."""
 
 
 def default_owner() -> str:
@@ -244,6 +247,7 @@ class Engine:
                 recorded_before=recorded,
             )
             remaining = run.limits.timeout_s - usage.active_s
+            streamed: list[Any] = []  # the interrupts the stream reported
             try:
                 async with asyncio.timeout(max(remaining, 0.001)):
                     async for mode, part in graph.astream(
@@ -254,6 +258,9 @@ class Engine:
                         durability="sync",
                     ):
                         if mode == "values":
+                            if INTERRUPT in part:
+                                streamed = [i.value for i in part[INTERRUPT]]
+                                part = {k: v for k, v in part.items() if k != INTERRUPT}
                             await adapter.on_values(part)
                         elif mode == "tasks" and "input" in part:
                             await adapter.on_task_start(part["name"])
@@ -268,8 +275,14 @@ class Engine:
                     f"timeout_s {run.limits.timeout_s} reached",
                 )
                 return
-            snapshot = await graph.aget_state(config)
-            values, interrupts = snapshot.values, [i.value for i in snapshot.interrupts]
+            if streamed or (adapter.values.get("outcome") and graph_input is not None):
+                # How the graph stopped is in the stream: an interrupt, or an outcome.
+                values, interrupts = adapter.values, streamed
+            else:
+                # Anything else (a resumed graph, or no outcome at all): ask the
+                # checkpoint rather than conclude from the stream.
+                snapshot = await graph.aget_state(config)
+                values, interrupts = snapshot.values, [i.value for i in snapshot.interrupts]
             if not interrupts:
                 await adapter.on_stop(values, [])
                 return
