@@ -226,9 +226,13 @@ class Engine:
         recorded = 0 if graph_input is not None else await store.count_steps(run_id)
         adapter = Adapter(store, run)
         values, interrupts = snapshot.values, [i.value for i in snapshot.interrupts]
+        just_asked = False  # the graph interrupted a moment ago, in this drive
         while True:
             if interrupts:
-                resume = await self._decided_resume(store, interrupts[0])
+                # A question just asked has no answer yet, or parking finds it (it checks
+                # the approval in the same transaction): no read here.
+                resume = None if just_asked else await self._decided_resume(store, interrupts[0])
+                just_asked = False
                 if resume is None:
                     if await adapter.on_stop(values, interrupts) is not None:
                         return  # parked until a human decides
@@ -286,6 +290,7 @@ class Engine:
             if not interrupts:
                 await adapter.on_stop(values, [])
                 return
+            just_asked = True
 
     async def _decided_resume(self, store: RunStore, request: Mapping[str, Any]) -> Any:
         """The resume command for an interrupt whose approval was decided, if it was."""
@@ -331,17 +336,20 @@ class Engine:
         """Decide an approval once; returns (approval, whether this call decided it).
 
         ``via`` (how the decider authenticated) goes into the decision's audit event."""
-        approval = await self.store.get_approval(approval_id)
-        if approval is None or approval.run_id != run_id:
-            raise RuntimeProblem(Code.APPROVAL_NOT_FOUND, f"no approval {approval_id} on {run_id}")
         status: ApprovalDecision = "approved" if decision == "approve" else "rejected"
-        if approval.status == "pending":
+        try:
             approval, won = await self.store.decide_approval(
-                approval_id, status, decided_by=decided_by, comment=comment, via=via
+                approval_id, status, decided_by=decided_by, comment=comment, via=via, run_id=run_id
             )
-            if won:
-                self.wake()
-                return approval, True
+        except RuntimeProblem as exc:
+            if exc.code is Code.APPROVAL_NOT_FOUND:
+                raise RuntimeProblem(
+                    Code.APPROVAL_NOT_FOUND, f"no approval {approval_id} on {run_id}"
+                ) from None
+            raise
+        if won:
+            self.wake()
+            return approval, True
         if approval.status != status:
             raise RuntimeProblem(
                 Code.APPROVAL_CONFLICT,

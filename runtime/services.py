@@ -45,6 +45,7 @@ class NodeStore(Protocol):
         decided_by: str,
         comment: str | None,
         via: str | None = None,
+        run_id: str | None = None,
     ) -> tuple[Approval, bool]: ...
 
     # -- the tool-call ledger (executor, runtime.ledger, finish) --------------

@@ -8,7 +8,7 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
 from runtime.model import Approval, ApprovalDecision
-from runtime.store.core import WORK_CHANNEL, StoreCore, _dec, _ts
+from runtime.store.core import WORK_CHANNEL, StoreCore, _dec, _enc, _ts
 
 
 class ApprovalQueries(StoreCore):
@@ -18,14 +18,25 @@ class ApprovalQueries(StoreCore):
 
     async def ensure_approval(self, approval: Approval, request: dict[str, Any]) -> Approval:
         """Create the approval with its approval_request event, unless it exists already."""
+        # The node replays on resume: the row is there then, and one read says so. Only
+        # the lease holder creates a run's approvals, so nobody inserts it in between.
+        existing = await self.get_approval(approval.approval_id)
+        if existing is not None:
+            return existing
+        values = approval.model_dump(mode="json")
+        cols = list(values)
         async with self.tx() as tx:
-            if await self._insert_once(
-                tx, "approvals", "approval_id", approval.model_dump(mode="json")
-            ):
-                await self._append(tx, approval.run_id, EventType.APPROVAL_REQUEST, request)
             row = await tx.fetchone(
-                "SELECT * FROM approvals WHERE approval_id = ?", (approval.approval_id,)
+                f"INSERT INTO approvals ({', '.join(cols)}) "
+                f"VALUES ({', '.join('?' for _ in cols)}) ON CONFLICT DO NOTHING RETURNING *",
+                [_enc(values[c]) for c in cols],
             )
+            if row is not None:
+                await self._append(tx, approval.run_id, EventType.APPROVAL_REQUEST, request)
+            else:
+                row = await tx.fetchone(
+                    "SELECT * FROM approvals WHERE approval_id = ?", (approval.approval_id,)
+                )
         assert row is not None
         return Approval.model_validate(_dec(row))
 
@@ -68,8 +79,11 @@ class ApprovalQueries(StoreCore):
         decided_by: str,
         comment: str | None,
         via: str | None = None,
+        run_id: str | None = None,
     ) -> tuple[Approval, bool]:
         """Compare-and-set a pending approval to ``decision``; returns (row, won).
+
+        ``run_id``: the run the caller means; an approval of another run is not found.
 
         Only the winner gets ``won``. In the same transaction an approval moves a
         parked run back to executing, and an approve or reject asks for a worker to
@@ -80,14 +94,14 @@ class ApprovalQueries(StoreCore):
             row = await tx.fetchone(
                 f"SELECT * FROM approvals WHERE approval_id = ?{self.for_update}", (approval_id,)
             )
-            if row is None:
+            if row is None or (run_id is not None and row["run_id"] != run_id):
                 raise RuntimeProblem(Code.APPROVAL_NOT_FOUND, f"approval {approval_id} not found")
             won = row["status"] == "pending"
             if won:
                 now = _ts()
-                await tx.execute(
+                decided = await tx.fetchone(
                     "UPDATE approvals SET status = ?, decided_by = ?, comment = ?, "
-                    "decided_at = ? WHERE approval_id = ? AND status = 'pending'",
+                    "decided_at = ? WHERE approval_id = ? AND status = 'pending' RETURNING *",
                     (decision, decided_by, comment, now, approval_id),
                 )
                 await self._append(
@@ -122,8 +136,6 @@ class ApprovalQueries(StoreCore):
                         else:
                             await self._update_run(tx, row["run_id"], **fields)
                         await self._announce(tx, WORK_CHANNEL, row["run_id"])
-                row = await tx.fetchone(
-                    "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,)
-                )
+                row = decided  # locked above: the update cannot have missed
         assert row is not None
         return Approval.model_validate(_dec(row)), won

@@ -143,9 +143,10 @@ class FakeStore:
         decided_by: str,
         comment: str | None,
         via: str | None = None,
+        run_id: str | None = None,
     ) -> tuple[Approval, bool]:
         row = self.approvals.get(approval_id)
-        if row is None:
+        if row is None or (run_id is not None and row.run_id != run_id):
             raise RuntimeProblem(Code.APPROVAL_NOT_FOUND, f"approval {approval_id} not found")
         won = row.status == "pending"
         if won:

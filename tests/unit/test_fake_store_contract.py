@@ -158,6 +158,20 @@ async def test_a_decision_is_a_compare_and_set(s: Stores) -> None:
     assert err.value.code == Code.APPROVAL_NOT_FOUND
 
 
+async def test_an_approval_of_another_run_is_not_found_and_stays_pending(s: Stores) -> None:
+    store: NodeStore = s.store
+    row = await store.ensure_approval(approval(s.run_id), {})
+
+    with pytest.raises(RuntimeProblem) as err:
+        await store.decide_approval(
+            row.approval_id, "approved", decided_by="x", comment=None, run_id=s.other_run
+        )
+
+    assert err.value.code == Code.APPROVAL_NOT_FOUND
+    assert (await store.get_approval(row.approval_id)).status == "pending"  # type: ignore[union-attr]
+    assert "approval_result" not in await types(s.store, s.run_id)
+
+
 async def test_approvals_are_listed_by_run_and_status(s: Stores) -> None:
     store: NodeStore = s.store
     a = await store.ensure_approval(approval(s.run_id, 0), {})
