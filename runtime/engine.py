@@ -154,12 +154,12 @@ class Engine:
         store = self.store.fenced(run_id, version)
         release: bool | None = None  # needs_drive after release; None: leave as is
         try:
-            cancel = await store.cancel_requested(run_id)
-            if cancel is not None:
-                await finish_cancel(store, self._tools_of, run_id, *cancel)
-            else:
+            found = await store.get_run_to_drive(run_id)
+            if found is not None and found[1] is not None:
+                await finish_cancel(store, self._tools_of, run_id, *found[1])
+            elif found is not None and found[0].state not in TERMINAL:
                 try:
-                    await self._drive_graph(store, run_id)
+                    await self._drive_graph(store, found[0])
                 except BaseException:
                     await asyncio.shield(settle_checkpointer(self.checkpointer))
                     raise
@@ -201,10 +201,8 @@ class Engine:
                 # one, most likely) claims it again. Its NOTIFY came while we held it.
                 self.wake()
 
-    async def _drive_graph(self, store: RunStore, run_id: str) -> None:
-        run = await store.get_run(run_id)
-        if run is None or run.state in TERMINAL:
-            return
+    async def _drive_graph(self, store: RunStore, run: Run) -> None:
+        run_id = run.run_id
         graph = self.graphs[run.agent_id]
         config: dict[str, Any] = {
             "configurable": {"thread_id": run_id},

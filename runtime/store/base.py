@@ -260,12 +260,15 @@ class RunStore(
         """(reason, compensate) if a cancel was asked for; the reason names who asked."""
         async with self.read() as tx:
             row = await tx.fetchone("SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,))
-        if row is None or row["cancel_requested"] is None:
+        return _cancel_intent(row["cancel_requested"]) if row is not None else None
+
+    async def get_run_to_drive(self, run_id: str) -> tuple[Run, tuple[str, bool] | None] | None:
+        """The run and its cancel request (see :meth:`cancel_requested`), in one read."""
+        async with self.read() as tx:
+            row = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        if row is None:
             return None
-        intent = json.loads(row["cancel_requested"])
-        by = intent.get("requested_by")
-        reason = f"{intent['reason']} (requested by {by})" if by else str(intent["reason"])
-        return reason, bool(intent["compensate"])
+        return Run.model_validate(_dec(row)), _cancel_intent(row["cancel_requested"])
 
     async def append_event(
         self, run_id: str, type_: EventType, data: dict[str, Any], dedupe_key: str | None = None
@@ -337,3 +340,12 @@ async def iterate_events(store: RunStore, run_id: str, after: int) -> AsyncItera
         for event in batch:
             yield event
         after = batch[-1].seq
+
+
+def _cancel_intent(stored: str | None) -> tuple[str, bool] | None:
+    if stored is None:
+        return None
+    intent = json.loads(stored)
+    by = intent.get("requested_by")
+    reason = f"{intent['reason']} (requested by {by})" if by else str(intent["reason"])
+    return reason, bool(intent["compensate"])
