@@ -224,7 +224,10 @@ class RunStore(
         and be lost. Returns None when the approval is decided: resume instead.
         """
         async with self.tx() as tx:
-            approval = await tx.fetchone(
+            # On the inner connection: through ``tx`` the lock would first check the
+            # lease fence, which locks the run row, and a decision (approval, then run)
+            # would deadlock with us. The fence is checked before our first write.
+            approval = await tx.inner.fetchone(
                 f"SELECT status FROM approvals WHERE approval_id = ?{self.for_update}",
                 (approval_id,),
             )

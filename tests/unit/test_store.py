@@ -9,6 +9,7 @@ import pytest
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
+from runtime.lifecycle import State
 from runtime.model import Approval, utcnow
 from runtime.store.base import RunStore
 from tests.unit.conftest import MakeRun, build_run
@@ -170,3 +171,44 @@ async def test_callers_cancelled_mid_transaction_leave_the_store_usable(backend:
     await store.ping()
     assert await store.list_events("run-x", 0) == []
     assert await store.get_run("run-x") is None
+
+
+async def test_a_decision_racing_a_park_neither_deadlocks_nor_is_lost(
+    backend: object, make_run: MakeRun
+) -> None:
+    """Parking (by the lease holder) and deciding (by a human) lock the approval, then
+    the run: in the other order, PostgreSQL would abort one of them as a deadlock."""
+    store = store_of(backend)
+    for i in range(25):
+        run = await make_run(store, state=State.EXECUTING)
+        version = await store.take_lease(run.run_id, "w1", 30.0)
+        assert version is not None
+        approval = Approval(
+            approval_id=f"ap-race-{i}",
+            run_id=run.run_id,
+            tool_call_id="tc-1",
+            tool="refund@1",
+            args={},
+            args_hash="h",
+            risk="high",
+            reason="high risk",
+            status="pending",
+            created_at=utcnow(),
+        )
+        await store.ensure_approval(approval, {"approval_id": approval.approval_id})
+
+        parked, (decided, won) = await asyncio.gather(
+            store.fenced(run.run_id, version).park(
+                run.run_id, approval.approval_id, State.EXECUTING
+            ),
+            store.decide_approval(approval.approval_id, "approved", decided_by="u", comment=None),
+        )
+
+        assert won and decided.status == "approved"
+        final = await store.get_run(run.run_id)
+        assert final is not None and final.state is State.EXECUTING
+        states = [e.data["to"] for e in await store.list_events(run.run_id) if e.type == "state"]
+        if parked is None:  # decided first: the drive resumes instead of parking
+            assert "waiting_human" not in states
+        else:  # parked first: the decision moved it back and asked for a worker
+            assert states[-2:] == ["waiting_human", "executing"]
