@@ -92,9 +92,20 @@ class Engine:
         """Set when there may be a run to claim; the worker waits on it."""
         self.full = False
         """Set by the worker while every slot is taken: a drive that ends frees one."""
+        self._noticed: set[str] = set()
+        """Runs another process asked a worker for while we drove them."""
 
     def wake(self) -> None:
         self.work.set()
+
+    def on_work_notice(self, run_id: str) -> None:
+        """A run needs a worker (a NOTIFY; '' after a reconnect: any run may)."""
+        if run_id and run_id in self.drives:
+            # Most often the echo of our own create or decision. If it was not, the
+            # run is claimed again once this drive lets go of it (see _forget).
+            self._noticed.add(run_id)
+        else:
+            self.wake()
 
     def _tools_of(self, agent_id: str) -> ToolResolver:
         return self.agents[agent_id].tools
@@ -146,8 +157,9 @@ class Engine:
             del self.drives[run_id]
         if not task.cancelled() and task.exception() is not None:
             log.error("driver of %s failed", run_id, exc_info=task.exception())
-        if self.full:
-            self.wake()  # a slot is free
+        if self.full or run_id in self._noticed:
+            self.wake()  # a slot is free, or the run was asked for while we held it
+        self._noticed.discard(run_id)
         self.bus.publish(run_id, 0)  # wake anyone waiting for the run to settle
 
     async def _drive(self, run_id: str, version: int) -> None:
@@ -278,11 +290,13 @@ class Engine:
                 )
                 return
             if streamed or (adapter.values.get("outcome") and graph_input is not None):
-                # How the graph stopped is in the stream: an interrupt, or an outcome.
+                # How the graph stopped is in the stream: an interrupt() (LangGraph puts
+                # it in the "values" part; our graphs use no static interrupt_before/
+                # after, which would not be), or an outcome in the last values.
                 values, interrupts = adapter.values, streamed
             else:
-                # Anything else (a resumed graph, or no outcome at all): ask the
-                # checkpoint rather than conclude from the stream.
+                # Anything else (a graph continued from its checkpoint after a crash, or
+                # one that stopped without an outcome): ask the checkpoint.
                 snapshot = await graph.aget_state(config)
                 values, interrupts = snapshot.values, [i.value for i in snapshot.interrupts]
             if not interrupts:

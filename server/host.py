@@ -71,12 +71,7 @@ async def open_host(
                 url,
                 {
                     EVENTS_CHANNEL: on_event,
-                    # A run this process drives needs no claim (the NOTIFY of our own
-                    # create or decision, most often); when its drive ends, the release
-                    # says whether it needs driving again.
-                    WORK_CHANNEL: lambda run_id: (
-                        engine.wake() if run_id not in engine.drives else None
-                    ),
+                    WORK_CHANNEL: engine.on_work_notice,
                     CANCEL_CHANNEL: lambda run_id: (
                         engine.on_cancel_notice(run_id) if run_id else None
                     ),

@@ -23,14 +23,17 @@ class LeaseQueries(StoreCore):
             return []
         # One statement: the rows are locked (skipping those another worker is claiming
         # right now) and leased together, one round trip where the dialect autocommits.
+        # In a CTE, not an IN (subquery): PostgreSQL may re-run a subquery on the inner
+        # side of a join, and with SKIP LOCKED each re-run can lock other rows, so more
+        # than ``limit`` runs would be leased. A locking CTE runs once.
         rows = await self.write_once(
-            "UPDATE runs SET lease_owner = ?, "
-            f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
-            "WHERE run_id IN (SELECT run_id FROM runs WHERE needs_drive = 1 AND "
+            "WITH picked AS (SELECT run_id FROM runs WHERE needs_drive = 1 AND "
             f"(lease_expires_at IS NULL OR lease_expires_at < {self.now_sql}) "
             f"ORDER BY updated_at LIMIT ?{self.skip_locked}) "
-            "RETURNING run_id, lease_version",
-            (owner, lease_s, limit),
+            "UPDATE runs SET lease_owner = ?, "
+            f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
+            "WHERE run_id IN (SELECT run_id FROM picked) RETURNING run_id, lease_version",
+            (limit, owner, lease_s),
         )
         return [(row["run_id"], int(row["lease_version"])) for row in rows]
 
