@@ -109,14 +109,44 @@ def secret_values(spec: ToolSpec, args: BaseModel) -> list[str]:
             continue
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         if len(text) >= MIN_SCRUBBED_CHARS:
-            found.append(text)
-    return sorted(found, key=len, reverse=True)
+            found += _spellings(text)
+    return sorted(set(found), key=len, reverse=True)
+
+
+def _spellings(text: str) -> list[str]:
+    """``text`` as it may appear inside a message: as is, or escaped by ``repr`` (which
+    escapes a single quote only when the whole message holds both kinds) or JSON."""
+    plain_quotes = repr(text)[1:-1].replace("\\'", "'")
+    return [
+        text,
+        plain_quotes,
+        plain_quotes.replace("'", "\\'"),
+        json.dumps(text)[1:-1],
+        json.dumps(text, ensure_ascii=False)[1:-1],
+    ]
 
 
 def scrub(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, REDACTED)
     return text
+
+
+class ReconcileFailed(Exception):
+    """A tool's reconcile raised; its message has the secret args' values scrubbed."""
+
+
+async def _reconcile(spec: ToolSpec, args: BaseModel, tctx: ToolContext) -> Any | None:
+    assert spec.reconcile is not None
+    try:
+        return await spec.reconcile(args, tctx)
+    except Exception as exc:
+        secrets = secret_values(spec, args)
+        if not secrets:
+            raise
+        # The drive fails with this message and logs it; the original would carry the
+        # values in its text and traceback.
+        raise ReconcileFailed(f"{spec.ref} reconcile: {scrub(repr(exc), secrets)}") from None
 
 
 async def _run_handler(
@@ -257,7 +287,7 @@ async def _execute(
     if current.attempts > 0 and not rerun:
         # An earlier drive started the handler and died before recording its outcome.
         if spec.reconcile is not None:
-            found = await spec.reconcile(args, tctx)
+            found = await _reconcile(spec, args, tctx)
             if found is not None:
                 return await _finish(store, current, "succeeded", found, None, 0, tctx.artifacts)
         elif not spec.idempotent:
@@ -314,7 +344,7 @@ async def _run_claimed(
         and spec.side_effect
         and not spec.idempotent
     ):
-        found = await spec.reconcile(args, tctx) if spec.reconcile is not None else None
+        found = await _reconcile(spec, args, tctx) if spec.reconcile is not None else None
         if found is not None:
             status, output, error = "succeeded", found, None
         elif spec.reconcile is None:

@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from runtime import ids
-from runtime.ledger import INLINE_OUTPUT_BYTES, StoreArtifacts, execute_once, new_ledger_row
+from runtime.ledger import (
+    INLINE_OUTPUT_BYTES,
+    ReconcileFailed,
+    StoreArtifacts,
+    _reconcile,
+    execute_once,
+    new_ledger_row,
+    scrub,
+    secret_values,
+)
 from runtime.model import RunContext, ToolCall
 from runtime.store.base import RunStore
-from runtime.tooling import ToolBusinessError, ToolContext, ToolSpec, ToolUnavailable
+from runtime.tooling import REDACTED, ToolBusinessError, ToolContext, ToolSpec, ToolUnavailable
 from tests.unit.conftest import MakeRun
 
 
@@ -198,3 +209,51 @@ async def test_large_output_becomes_an_artifact(h: Harness) -> None:
 async def test_small_output_stays_inline(h: Harness) -> None:
     row = await h.execute(h.spec({"ok": True}))
     assert row.output == {"ok": True} and row.artifact_id is None
+
+
+# secret args in error text --------------------------------------------------------
+
+
+def _secret_spec(**kwargs: Any) -> ToolSpec:
+    async def handler(args: Args, ctx: ToolContext) -> Any:
+        return None
+
+    return ToolSpec("probe", "1", "t", Args, handler, secret_args=frozenset({"label"}), **kwargs)
+
+
+SPELLINGS = {
+    "as text": lambda v: str(ValueError(f"key {v} rejected")),
+    "in a repr": lambda v: repr(ValueError(f"key {v} rejected")),
+    "in a repr with other quotes": lambda v: repr(ValueError(f'"upstream" said {v}')),
+    "in JSON": lambda v: json.dumps({"detail": f"key {v}"}),
+}
+
+
+@pytest.mark.parametrize("spelled", SPELLINGS.values(), ids=SPELLINGS.keys())
+@pytest.mark.parametrize(
+    "secret", ["p4ss\"wo'rd", "back\\slash", "tab\there", "naïve-ünïcode", "it's-mine"]
+)
+def test_a_secret_is_scrubbed_however_the_message_spells_it(
+    spelled: Callable[[str], str], secret: str
+) -> None:
+    secrets = secret_values(_secret_spec(), Args(label=secret))
+
+    scrubbed = scrub(spelled(secret), secrets)
+
+    # repr picks its quotes by what the message holds, so those may differ.
+    assert scrubbed.replace('"', "'") == spelled(REDACTED).replace('"', "'")
+
+
+async def test_a_failing_reconcile_does_not_carry_the_secret_out() -> None:
+    secret = "hunter2-do-not-show"
+
+    async def reconcile(args: Args, ctx: ToolContext) -> Any:
+        raise RuntimeError(f"lookup of {args.label} failed")
+
+    spec = _secret_spec(reconcile=reconcile)
+    tctx = ToolContext("run-1", "tc-1", "key", RunContext(), StoreArtifacts(None, None))  # type: ignore[arg-type]
+    with pytest.raises(ReconcileFailed) as info:
+        await _reconcile(spec, Args(label=secret), tctx)
+
+    assert secret not in str(info.value) and REDACTED in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
