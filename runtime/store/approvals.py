@@ -91,7 +91,11 @@ class ApprovalQueries(StoreCore):
         up itself when it parks).
         """
         async with self.tx() as tx:
-            row = await tx.fetchone(
+            # The approval first, then the run, whoever calls: on the inner connection,
+            # as a fenced caller's first locking read would lock the run row first (its
+            # fence) and could deadlock with a human's decision. The fence is still
+            # checked before the first write.
+            row = await tx.inner.fetchone(
                 f"SELECT * FROM approvals WHERE approval_id = ?{self.for_update}", (approval_id,)
             )
             if row is None or (run_id is not None and row["run_id"] != run_id):

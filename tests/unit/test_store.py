@@ -212,3 +212,39 @@ async def test_a_decision_racing_a_park_neither_deadlocks_nor_is_lost(
             assert "waiting_human" not in states
         else:  # parked first: the decision moved it back and asked for a worker
             assert states[-2:] == ["waiting_human", "executing"]
+
+
+async def test_a_run_ending_while_a_human_decides_does_not_deadlock(
+    backend: object, make_run: MakeRun
+) -> None:
+    """The drive expiring a run's pending approval (fenced) and a human deciding it race;
+    one of them wins, neither is aborted."""
+    store = store_of(backend)
+    for i in range(25):
+        run = await make_run(store, state=State.WAITING_HUMAN)
+        version = await store.take_lease(run.run_id, "w1", 30.0)
+        assert version is not None
+        approval = Approval(
+            approval_id=f"ap-end-{i}",
+            run_id=run.run_id,
+            tool_call_id="tc-1",
+            tool="refund@1",
+            args={},
+            args_hash="h",
+            risk="high",
+            reason="high risk",
+            status="pending",
+            created_at=utcnow(),
+        )
+        await store.ensure_approval(approval, {"approval_id": approval.approval_id})
+
+        (_, expired), (_, approved) = await asyncio.gather(
+            store.fenced(run.run_id, version).decide_approval(
+                approval.approval_id, "expired", decided_by="runtime", comment="run ended"
+            ),
+            store.decide_approval(approval.approval_id, "approved", decided_by="u", comment=None),
+        )
+
+        assert expired != approved  # exactly one won
+        final = await store.get_approval(approval.approval_id)
+        assert final is not None and final.status == ("expired" if expired else "approved")
