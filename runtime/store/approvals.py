@@ -8,7 +8,7 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
 from runtime.model import Approval, ApprovalDecision
-from runtime.store.core import WORK_CHANNEL, StoreCore, _dec, _enc, _ts
+from runtime.store.core import WORK_CHANNEL, StoreCore, _dec, _ts
 
 
 class ApprovalQueries(StoreCore):
@@ -23,13 +23,9 @@ class ApprovalQueries(StoreCore):
         existing = await self.get_approval(approval.approval_id)
         if existing is not None:
             return existing
-        values = approval.model_dump(mode="json")
-        cols = list(values)
         async with self.tx() as tx:
-            row = await tx.fetchone(
-                f"INSERT INTO approvals ({', '.join(cols)}) "
-                f"VALUES ({', '.join('?' for _ in cols)}) ON CONFLICT DO NOTHING RETURNING *",
-                [_enc(values[c]) for c in cols],
+            row = await self._insert_once(
+                tx, "approvals", "approval_id", approval.model_dump(mode="json"), returning="*"
             )
             if row is not None:
                 await self._append(tx, approval.run_id, EventType.APPROVAL_REQUEST, request)

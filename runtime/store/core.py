@@ -382,19 +382,21 @@ class StoreCore(ABC):
             await tx.execute(insert, params)
         tx.appended[run_id] = max(last_seq, tx.appended.get(run_id, 0))
 
-    async def _insert_once(self, tx: Tx, table: str, key: str, data: dict[str, Any]) -> bool:
-        """Insert a row unless its key exists; True if this call inserted it.
+    async def _insert_once(
+        self, tx: Tx, table: str, key: str, data: dict[str, Any], returning: str | None = None
+    ) -> Row | None:
+        """Insert a row unless its key exists; the inserted row's ``returning`` columns
+        (its key by default), or None if it existed.
 
         ON CONFLICT makes a concurrent duplicate wait for the first and then do
         nothing, instead of failing on the unique key.
         """
         cols = list(data)
-        inserted = await tx.fetchone(
+        return await tx.fetchone(
             f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
-            f"ON CONFLICT DO NOTHING RETURNING {key}",
+            f"ON CONFLICT DO NOTHING RETURNING {returning or key}",
             [_enc(data[c]) for c in cols],
         )
-        return inserted is not None
 
     async def _update_run(self, tx: Tx, run_id: str, **fields: Any) -> None:
         fields["updated_at"] = _ts()

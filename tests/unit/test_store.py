@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,21 @@ from tests.unit.conftest import MakeRun, build_run
 
 def store_of(backend: object) -> RunStore:
     return backend.store  # type: ignore[attr-defined,no-any-return]
+
+
+def pending_approval(run_id: str, approval_id: str, args: dict[str, Any] | None = None) -> Approval:
+    return Approval(
+        approval_id=approval_id,
+        run_id=run_id,
+        tool_call_id="tc-1",
+        tool="refund@1",
+        args=args or {},
+        args_hash="h",
+        risk="high",
+        reason="high risk",
+        status="pending",
+        created_at=utcnow(),
+    )
 
 
 async def test_concurrent_appends_get_gapless_sequence_numbers(
@@ -84,18 +100,7 @@ async def test_create_run_idempotency(backend: object) -> None:
 async def test_only_one_of_concurrent_decisions_wins(backend: object, make_run: MakeRun) -> None:
     store = store_of(backend)
     run = await make_run(store)
-    approval = Approval(
-        approval_id="ap-1",
-        run_id=run.run_id,
-        tool_call_id="tc-1",
-        tool="refund@1",
-        args={"amount": 5},
-        args_hash="h",
-        risk="high",
-        reason="high risk",
-        status="pending",
-        created_at=utcnow(),
-    )
+    approval = pending_approval(run.run_id, "ap-1", args={"amount": 5})
     await store.ensure_approval(approval, {"approval_id": "ap-1"})
     decisions = ["approved" if i % 2 else "rejected" for i in range(10)]
 
@@ -183,18 +188,7 @@ async def test_a_decision_racing_a_park_neither_deadlocks_nor_is_lost(
         run = await make_run(store, state=State.EXECUTING)
         version = await store.take_lease(run.run_id, "w1", 30.0)
         assert version is not None
-        approval = Approval(
-            approval_id=f"ap-race-{i}",
-            run_id=run.run_id,
-            tool_call_id="tc-1",
-            tool="refund@1",
-            args={},
-            args_hash="h",
-            risk="high",
-            reason="high risk",
-            status="pending",
-            created_at=utcnow(),
-        )
+        approval = pending_approval(run.run_id, f"ap-race-{i}")
         await store.ensure_approval(approval, {"approval_id": approval.approval_id})
 
         parked, (decided, won) = await asyncio.gather(
@@ -224,18 +218,7 @@ async def test_a_run_ending_while_a_human_decides_does_not_deadlock(
         run = await make_run(store, state=State.WAITING_HUMAN)
         version = await store.take_lease(run.run_id, "w1", 30.0)
         assert version is not None
-        approval = Approval(
-            approval_id=f"ap-end-{i}",
-            run_id=run.run_id,
-            tool_call_id="tc-1",
-            tool="refund@1",
-            args={},
-            args_hash="h",
-            risk="high",
-            reason="high risk",
-            status="pending",
-            created_at=utcnow(),
-        )
+        approval = pending_approval(run.run_id, f"ap-end-{i}")
         await store.ensure_approval(approval, {"approval_id": approval.approval_id})
 
         (_, expired), (_, approved) = await asyncio.gather(
