@@ -60,7 +60,7 @@ async def _studio_store() -> RunStore:
     if opening is None or (opening.done() and opening.exception() is not None):
         from runtime.store.sqlite import SqliteRunStore
 
-        opening = loop.create_task(SqliteRunStore.open(studio_db_path()))
+        opening = loop.create_task(SqliteRunStore.open(studio_db_path(), direct=False))
         _studio_stores[loop] = opening
     # shield: a cancelled node must not cancel the opening other nodes wait on.
     return await asyncio.shield(opening)

@@ -14,7 +14,35 @@ import aiosqlite
 from runtime.store.base import Row, RunStore
 
 
-class _SqliteTx:
+class _DirectTx:
+    """Statements run on the event loop's thread, straight on the sqlite3 connection.
+
+    Through aiosqlite each statement is a hop to its thread and back (a queue, a
+    future, a wake-up of the loop): most of the store's cost, for statements that
+    take microseconds. Here only what may wait goes through aiosqlite's thread:
+    BEGIN IMMEDIATE (SQLite's write lock, which the checkpointer's connection may
+    hold) and COMMIT (the fsync). Statements inside our own transaction hold that
+    lock, so they never wait; a lone read in WAL mode does not wait for writers.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._conn.execute(sql, tuple(params))
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        row = self._conn.execute(sql, tuple(params)).fetchone()
+        return dict(row) if row is not None else None
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return [dict(r) for r in self._conn.execute(sql, tuple(params)).fetchall()]
+
+
+class _ThreadTx:
+    """Every statement through aiosqlite's thread: where the loop must never block
+    (a LangGraph server running our graphs refuses any blocking call)."""
+
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self._conn = conn
 
@@ -37,17 +65,23 @@ class SqliteRunStore(RunStore):
     blob_type = "BLOB"
     now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
 
-    def __init__(self, conn: aiosqlite.Connection) -> None:
+    def __init__(self, conn: aiosqlite.Connection, *, direct: bool = True) -> None:
         super().__init__()
         self._conn = conn
         # One connection: transactions must not interleave on it.
         self._lock = asyncio.Lock()
+        self._statements: _DirectTx | _ThreadTx = (
+            _DirectTx(conn._conn) if direct else _ThreadTx(conn)
+        )
 
     @classmethod
-    async def open(cls, path: Path) -> SqliteRunStore:
+    async def open(cls, path: Path, *, direct: bool = True) -> SqliteRunStore:
+        """``direct``: run statements on the loop's thread (:class:`_DirectTx`); False
+        where the loop must never block."""
         # In a thread: a LangGraph server refuses blocking calls inside a run.
         await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
-        conn = await aiosqlite.connect(path, isolation_level=None)
+        # Not bound to aiosqlite's thread: _DirectTx runs statements on the loop's.
+        conn = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
         conn.row_factory = aiosqlite.Row
         await conn.execute("PRAGMA journal_mode=WAL")
         await conn.execute("PRAGMA busy_timeout=10000")
@@ -56,19 +90,19 @@ class SqliteRunStore(RunStore):
         # before its side effect ran would vanish, and the effect would run again).
         # The cost is one fsync per transaction, which is why the store batches writes.
         await conn.execute("PRAGMA synchronous=FULL")
-        store = cls(conn)
+        store = cls(conn, direct=direct)
         await store.migrate()
         return store
 
     @asynccontextmanager
-    async def _tx(self) -> AsyncIterator[_SqliteTx]:
+    async def _tx(self) -> AsyncIterator[_DirectTx | _ThreadTx]:
         # aiosqlite runs statements in order on its own thread, so a shielded
         # COMMIT/ROLLBACK still lands before the next BEGIN even when the caller
         # is cancelled (an SSE client hanging up) in the middle of a transaction.
         async with self._lock:
             try:
                 await self._conn.execute("BEGIN IMMEDIATE")
-                yield _SqliteTx(self._conn)
+                yield self._statements
             except BaseException:
                 await asyncio.shield(self._rollback())
                 raise
@@ -79,12 +113,12 @@ class SqliteRunStore(RunStore):
                 raise
 
     @asynccontextmanager
-    async def _read(self) -> AsyncIterator[_SqliteTx]:
+    async def _read(self) -> AsyncIterator[_DirectTx | _ThreadTx]:
         # No BEGIN: a lone SELECT is its own read transaction and does not take the
         # write lock the checkpointer's connection needs. The lock still keeps it out
         # of another coroutine's open transaction on this connection.
         async with self._lock:
-            yield _SqliteTx(self._conn)
+            yield self._statements
 
     async def _rollback(self) -> None:
         try:
