@@ -125,10 +125,17 @@ class Adapter:
         # Only a human's decision (an approval's compare-and-set) fires `approved`.
         if trigger is None or trigger is Trigger.APPROVED:
             return
-        run = await self.store.transition(
+        # Written with the node's first write (see runtime.store.journal), where the
+        # store view is a drive's; at once otherwise.
+        target = self.store.defer_transition(
             self.run_id, trigger, expect=self.state, **self._progress()
         )
-        self.state = run.state
+        if target is None:
+            run = await self.store.transition(
+                self.run_id, trigger, expect=self.state, **self._progress()
+            )
+            target = run.state
+        self.state = target
 
     async def on_stop(self, values: dict[str, Any], interrupts: list[Any]) -> Run | None:
         """Map how the graph stopped onto the lifecycle.

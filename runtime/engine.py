@@ -177,6 +177,7 @@ class Engine:
                     raise
         except LeaseLost:
             log.warning("lost the lease on %s; another worker drives it now", run_id)
+            store.close_journal()
             return
         except asyncio.CancelledError:
             if run_id in self._cancelling:
@@ -187,6 +188,7 @@ class Engine:
                 )
             else:  # shutdown: hand the run to the next worker, from its checkpoint
                 release = True
+                await asyncio.shield(_flush_quietly(store))
                 await asyncio.shield(self._release(run_id, version, True))
                 raise
         except TRANSIENT_DB_ERRORS:
@@ -201,6 +203,7 @@ class Engine:
                 release = True
         finally:
             self._cancelling.discard(run_id)
+        await asyncio.shield(_flush_quietly(store))
         await asyncio.shield(self._release(run_id, version, release))
 
     async def _release(self, run_id: str, version: int, needs_drive: bool | None) -> None:
@@ -455,6 +458,19 @@ class Engine:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+async def _flush_quietly(store: RunStore) -> None:
+    """Write what a drive deferred (a node it started) before the run changes hands.
+
+    Lost with the lease or the database, it is written again by the next drive,
+    which starts the node again."""
+    try:
+        await store.flush()
+    except (LeaseLost, *TRANSIENT_DB_ERRORS):
+        log.info("a drive's deferred state change was not written", exc_info=True)
+    finally:
+        store.close_journal()
 
 
 def _resume_payload(approval: Approval) -> dict[str, Any]:

@@ -37,7 +37,7 @@ class ApprovalQueries(StoreCore):
         return Approval.model_validate(_dec(row))
 
     async def get_approval(self, approval_id: str) -> Approval | None:
-        async with self.read() as tx:
+        async with self.read(runs=False) as tx:
             row = await tx.fetchone("SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
         return Approval.model_validate(_dec(row)) if row else None
 
@@ -59,7 +59,7 @@ class ApprovalQueries(StoreCore):
         if run_id:
             where.append("run_id = ?")
             params.append(run_id)
-        async with self.read() as tx:
+        async with self.read(runs=False) as tx:
             rows = await tx.fetchall(
                 f"SELECT * FROM approvals WHERE {' AND '.join(where)} "
                 "ORDER BY created_at, approval_id LIMIT ?",

@@ -48,7 +48,7 @@ class ArtifactQueries(StoreCore):
         return Artifact.model_validate({**_dec(row)["data"], "run_id": row["run_id"]})
 
     async def artifact_exists(self, artifact_id: str) -> bool:
-        async with self.read() as tx:
+        async with self.read(runs=False) as tx:
             row = await tx.fetchone(
                 "SELECT 1 AS one FROM artifacts WHERE artifact_id = ?", (artifact_id,)
             )

@@ -292,7 +292,7 @@ class RunStore(
     # -- steps ----------------------------------------------------------------
 
     async def get_step(self, run_id: str, step_index: int) -> Step | None:
-        async with self.read() as tx:
+        async with self.read(runs=False) as tx:
             row = await tx.fetchone(
                 "SELECT * FROM steps WHERE run_id = ? AND step_index = ?", (run_id, step_index)
             )
@@ -300,7 +300,7 @@ class RunStore(
 
     async def count_steps(self, run_id: str) -> int:
         """One past the highest step the run has recorded (0: none)."""
-        async with self.read() as tx:
+        async with self.read(runs=False) as tx:
             row = await tx.fetchone(
                 "SELECT MAX(step_index) AS last FROM steps WHERE run_id = ?", (run_id,)
             )

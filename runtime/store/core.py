@@ -20,6 +20,7 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger, transition
 from runtime.model import Event, utcnow
+from runtime.store.journal import Journal, PendingTransition
 from runtime.store.schema import MIGRATIONS
 
 Row = dict[str, Any]
@@ -201,6 +202,7 @@ class StoreCore(ABC):
     def __init__(self) -> None:
         self._listeners: list[EventListener] = []
         self._fence: tuple[str, int] | None = None
+        self._journal: Journal | None = None
 
     # -- plumbing -------------------------------------------------------------
 
@@ -214,13 +216,50 @@ class StoreCore(ABC):
 
     @asynccontextmanager
     async def tx(self) -> AsyncIterator[StoreTx]:
-        async with self._tx() as inner:
+        """A writing transaction; on a drive's view it first writes the deferred state
+        changes (:mod:`runtime.store.journal`), in the same commit."""
+        async with self._ordered() as pending, self._tx() as inner:
             tx = StoreTx(self, inner, self._fence)
+            for change in pending:
+                await self._transition(
+                    tx, change.run_id, change.trigger, change.expect, (), change.fields
+                )
             yield tx
             for run_id, seq in tx.appended.items():
                 if tx.announced.get(run_id, 0) < seq:
                     await self._announce(inner, EVENTS_CHANNEL, f"{run_id} {seq}")
         self._notify(tx.appended, tx.rows)
+
+    @asynccontextmanager
+    async def _ordered(self) -> AsyncIterator[list[PendingTransition]]:
+        """The deferred state changes a write must carry ([] on most views), in order."""
+        journal = self._journal
+        if journal is None or not journal.busy():
+            yield []
+            return
+        async with journal.ordered() as pending:
+            yield pending
+
+    def defer_transition(
+        self, run_id: str, trigger: Trigger, *, expect: State, **fields: Any
+    ) -> State | None:
+        """Queue ``trigger`` to be written with the view's next write; the state it
+        will reach, or None where nothing defers (a view that is not a drive's)."""
+        if self._journal is None or self._fence is None or self._fence[0] != run_id:
+            return None
+        target = transition(expect, trigger)
+        self._journal.add(PendingTransition(run_id, trigger, expect, fields), self.flush)
+        return target
+
+    async def flush(self) -> None:
+        """Write the deferred state changes now, if there are any."""
+        if self._journal is not None and self._journal.busy():
+            async with self.tx():
+                pass
+
+    def close_journal(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
 
     def _single(self) -> AbstractAsyncContextManager[Tx]:
         """Where one writing statement commits by itself; a transaction by default."""
@@ -233,10 +272,15 @@ class StoreCore(ABC):
             return await conn.fetchall(sql, params)
 
     @asynccontextmanager
-    async def read(self) -> AsyncIterator[Tx]:
+    async def read(self, *, runs: bool = True) -> AsyncIterator[Tx]:
         """For methods that run one SELECT: a worker that lost its lease may still read
         (what it reads cannot harm anyone: every write of it is fenced), and a single
-        statement is consistent by itself."""
+        statement is consistent by itself.
+
+        ``runs``: whether the read looks at the runs or events tables, which a drive's
+        deferred state changes are written to first (so that it reads its own writes)."""
+        if runs:
+            await self.flush()
         async with self._read() as conn:
             yield conn
 
@@ -249,6 +293,7 @@ class StoreCore(ABC):
         """
         view = copy.copy(self)
         view._fence = (run_id, lease_version)
+        view._journal = Journal()
         return view
 
     async def _check_fence(self, tx: Tx, run_id: str, lease_version: int) -> None:

@@ -56,11 +56,12 @@ class PgSingleStatements(RunStore):
     pool: AsyncConnectionPool[AsyncConnection[DictRow]]
 
     async def _once(self, query: str, params: list[Any]) -> Row:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(query, params)
-            row = await cur.fetchone()
+        row = await self._pipelined(query, params)
         assert row is not None, "the final SELECT always returns one row"
         return dict(row)
+
+    async def _pipelined(self, query: str, params: list[Any]) -> Row | None:
+        raise NotImplementedError  # the PostgreSQL store's
 
     def _fence_of(self, run_id: str) -> int | None:
         if self._fence is None or self._fence[0] != run_id:

@@ -12,10 +12,11 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TRANSITIONS, State, Trigger
 from runtime.store.base import Row, Tx
-from runtime.store.core import EVENTS_CHANNEL, _enc, _transition_changes, _ts, event_row
+from runtime.store.core import EVENTS_CHANNEL, LeaseLost, _enc, _transition_changes, _ts, event_row
 from runtime.store.pg_once import PgSingleStatements
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,18 @@ class PostgresRunStore(PgSingleStatements):
         # BEGIN, lock, update, insert, notify, COMMIT.
         if self._fence is not None and self._fence[0] != run_id:
             return None
+        statement = self._transition_statement(run_id, trigger, expect, events, fields)
+        return self._transition_done(run_id, await self._pipelined(*statement[:2]), statement[2])
+
+    def _transition_statement(
+        self,
+        run_id: str,
+        trigger: Trigger,
+        expect: State,
+        events: Sequence[tuple[EventType, dict[str, Any]]],
+        fields: dict[str, Any],
+    ) -> tuple[str, list[Any], list[tuple[str, str, str]]]:
+        """(query, params, the events as stored) of a transition as one statement."""
         target = TRANSITIONS[(expect, trigger)]
         fields, all_events = _transition_changes(expect, target, trigger, events, fields)
         sets = ", ".join(f"{k} = %s" for k in fields)
@@ -176,9 +189,12 @@ class PostgresRunStore(PgSingleStatements):
             f"FROM r, (VALUES {', '.join(rows)}) AS v (ord, type, ts, data)) "
             "SELECT r.*, pg_notify(%s, r.run_id || ' ' || r.last_seq)::text AS _notified FROM r"
         )
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(query, params)
-            row = await cur.fetchone()
+        return query, params, stored
+
+    def _transition_done(
+        self, run_id: str, row: Row | None, stored: list[tuple[str, str, str]]
+    ) -> Row | None:
+        """Announce the events of a transition statement that changed ``row``."""
         if row is None:
             return None
         row.pop("_notified", None)
@@ -189,6 +205,44 @@ class PostgresRunStore(PgSingleStatements):
             {run_id: [event_row(run_id, first + i, *e) for i, e in enumerate(stored)]},
         )
         return row
+
+    async def _pipelined(self, query: str, params: list[Any]) -> Row | None:
+        """Run one statement; on a drive's view, the deferred state changes first.
+
+        Pipelined in autocommit, the statements run in one implicit transaction
+        (PostgreSQL commits at the pipeline's sync): one round trip, one commit.
+        """
+        async with self._ordered() as pending:
+            statements = [
+                self._transition_statement(c.run_id, c.trigger, c.expect, (), c.fields)
+                for c in pending
+            ]
+            async with self.pool.connection() as conn:
+                if not statements:
+                    cur = await conn.execute(query, params)
+                    return await cur.fetchone()
+                async with conn.pipeline():
+                    earlier = [await conn.execute(q, p) for q, p, _ in statements]
+                    cur = await conn.execute(query, params)
+                changed = [await c.fetchone() for c in earlier]
+                row = await cur.fetchone()
+            for change, (_, _, stored), done in zip(pending, statements, changed, strict=True):
+                if self._transition_done(change.run_id, done, stored) is None:
+                    # The lease is gone (then the statement, fenced too, wrote nothing),
+                    # or the state moved under a lease we hold: a bug, said loudly.
+                    await self._explain_failed(change.run_id, change.expect)
+            return row
+
+    async def _explain_failed(self, run_id: str, expect: State) -> None:
+        async with self._read() as tx:
+            row = await tx.fetchone(
+                "SELECT state, lease_version FROM runs WHERE run_id = ?", (run_id,)
+            )
+        if row is None:
+            raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
+        if self._fence is not None and int(row["lease_version"]) != self._fence[1]:
+            raise LeaseLost(f"lease {self._fence[1]} on {run_id} is no longer held")
+        raise RuntimeProblem(Code.RUN_STATE_CONFLICT, f"run is {row['state']}, not {expect.value}")
 
     async def _announce(self, tx: Tx, channel: str, payload: str) -> None:
         await tx.execute("SELECT pg_notify(?, ?)", (channel, payload))

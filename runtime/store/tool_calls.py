@@ -17,7 +17,7 @@ class ToolCallQueries(StoreCore):
     # -- the tool-call ledger -------------------------------------------------
 
     async def get_tool_call(self, tool_call_id: str) -> ToolCall | None:
-        async with self.read() as tx:
+        async with self.read(runs=False) as tx:
             row = await tx.fetchone(
                 "SELECT * FROM tool_calls WHERE tool_call_id = ?", (tool_call_id,)
             )
@@ -141,7 +141,7 @@ class ToolCallQueries(StoreCore):
             )
 
     async def list_tool_calls(self, run_id: str) -> list[ToolCall]:
-        async with self.read() as tx:
+        async with self.read(runs=False) as tx:
             rows = await tx.fetchall(
                 "SELECT * FROM tool_calls WHERE run_id = ? ORDER BY step_index, call_index",
                 (run_id,),

@@ -1,0 +1,102 @@
+"""A drive's deferred state changes: they ride in the same commit as its next write.
+
+The adapter fires a transition when LangGraph starts a node ("planning", then
+"executing"). Written at once, each is a commit of its own (an fsync on SQLite, a
+round trip and a WAL flush on PostgreSQL) a moment before the node's own first
+write: the step it records, the ledger row it claims. Deferred, the transition is
+written first *inside* that write's transaction (a pipelined statement on
+PostgreSQL), in the same order, under the same lease fence, and announced with it.
+
+What changes for a reader: the state event becomes visible when the node first
+writes, or :data:`FLUSH_AFTER_S` after the node started, whichever is first (a
+node that thinks for seconds still shows "planning" at once). A crash before then
+loses only a state event of a node that had written nothing; the next drive
+fires it again when LangGraph starts the node again. The drive itself never sees
+the lag: every read of the runs or events tables by its store view writes the
+pending changes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.lifecycle import State, Trigger
+
+log = logging.getLogger(__name__)
+
+FLUSH_AFTER_S = 0.02
+"""How long a deferred state change waits for the node's first write to carry it.
+
+Short enough that nobody watching the run notices, long enough to span a fast
+node and LangGraph's checkpoint between two nodes (guard → executor)."""
+
+
+@dataclass(frozen=True)
+class PendingTransition:
+    run_id: str
+    trigger: Trigger
+    expect: State
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+class Journal:
+    """The pending transitions of one store view (one drive), oldest first."""
+
+    def __init__(self) -> None:
+        self.pending: list[PendingTransition] = []
+        self._lock = asyncio.Lock()
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushing: asyncio.Task[None] | None = None
+
+    def busy(self) -> bool:
+        """Whether a write must go through :meth:`ordered` to keep the drive's order."""
+        return bool(self.pending) or self._lock.locked()
+
+    def add(self, change: PendingTransition, flush: Callable[[], Awaitable[None]]) -> None:
+        self.pending.append(change)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(
+                FLUSH_AFTER_S, self._flush_later, flush
+            )
+
+    def _flush_later(self, flush: Callable[[], Awaitable[None]]) -> None:
+        self._timer = None
+        if self.pending:
+            self._flushing = asyncio.get_running_loop().create_task(self._flush_quietly(flush))
+
+    @staticmethod
+    async def _flush_quietly(flush: Callable[[], Awaitable[None]]) -> None:
+        # The drive's next write meets the same error (a lost lease, a database
+        # outage) and handles it; the changes stay pending for it.
+        try:
+            await flush()
+        except Exception:
+            log.debug("deferred state change not written yet", exc_info=True)
+
+    @contextlib.asynccontextmanager
+    async def ordered(self) -> AsyncIterator[list[PendingTransition]]:
+        """Hold the drive's writes in order and take the pending changes for this one.
+
+        If the write fails, they are pending again (in front of any added since).
+        """
+        async with self._lock:
+            taken, self.pending = self.pending, []
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            try:
+                yield taken
+            except BaseException:
+                self.pending[:0] = taken
+                raise
+
+    def close(self) -> None:
+        """The drive is over: no timer may fire for it later."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -1,0 +1,171 @@
+"""A drive's deferred state changes (runtime.store.journal), on both dialects.
+
+A transition the adapter defers is written in the same commit as the drive's next
+write, before it; the drive reads its own deferred changes; with no write coming,
+it is written on its own shortly after; a view whose lease is gone writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.events import EventType
+from runtime.lifecycle import State, Trigger
+from runtime.store import journal
+from runtime.store.base import LeaseLost, Row, RunStore
+from runtime.store.sqlite import SqliteRunStore
+from tests.unit.conftest import MakeRun
+from tests.unit.test_fencing import ledger_row, stale_and_current, store_of
+
+
+async def leased(store: RunStore, run_id: str) -> RunStore:
+    version = await store.take_lease(run_id, "w1", 30.0)
+    assert version is not None
+    return store.fenced(run_id, version)
+
+
+async def state_of(store: RunStore, run_id: str) -> State:
+    run = await store.get_run(run_id)
+    assert run is not None
+    return run.state
+
+
+@pytest.fixture
+def slow_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No timer fires during the test: only writes carry the deferred changes."""
+    monkeypatch.setattr(journal, "FLUSH_AFTER_S", 60.0)
+
+
+@pytest.mark.usefixtures("slow_flush")
+async def test_a_deferred_transition_commits_with_the_next_write(
+    backend: object, make_run: MakeRun
+) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+    view = await leased(store, run.run_id)
+    commits: list[list[str]] = []
+
+    def listener(run_id: str, seq: int, rows: Sequence[Row]) -> None:
+        commits.append([r["type"] for r in rows])
+
+    store.add_listener(listener)
+    target = view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING, step_index=0)
+    assert target is State.PLANNING
+    assert await state_of(store, run.run_id) is State.PENDING  # nothing written yet
+    assert commits == []
+
+    await view.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+
+    assert await state_of(store, run.run_id) is State.PLANNING
+    # Announced after the one commit that carried both, the state change first.
+    assert [t for commit in commits for t in commit] == [
+        EventType.STATE.value,
+        EventType.ACTION.value,
+    ]
+    events = await store.list_events(run.run_id)
+    assert [(e.type, e.data.get("to")) for e in events] == [
+        (EventType.STATE, "pending"),
+        (EventType.STATE, "planning"),
+        (EventType.ACTION, None),
+    ]
+
+
+@pytest.mark.usefixtures("slow_flush")
+async def test_the_drive_reads_its_own_deferred_state(backend: object, make_run: MakeRun) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+    view = await leased(store, run.run_id)
+    view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+
+    assert await state_of(view, run.run_id) is State.PLANNING
+    assert await state_of(store, run.run_id) is State.PLANNING
+
+
+async def test_a_deferred_transition_is_written_soon_without_a_write(
+    backend: object, make_run: MakeRun
+) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+    view = await leased(store, run.run_id)
+    written = asyncio.Event()
+    store.add_listener(lambda run_id, seq, rows: written.set())
+    view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+
+    async with asyncio.timeout(journal.FLUSH_AFTER_S * 250):
+        await written.wait()
+    assert await state_of(store, run.run_id) is State.PLANNING
+
+
+@pytest.mark.usefixtures("slow_flush")
+async def test_a_write_waits_for_a_flush_under_way(backend: object, make_run: MakeRun) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+    view = await leased(store, run.run_id)
+    view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+    transition = view._transition
+    taken = asyncio.Event()
+
+    async def slow_transition(*args: Any) -> Row:
+        taken.set()
+        await asyncio.sleep(0.1)  # a slow database: the write below could overtake it
+        return await transition(*args)
+
+    view._transition = slow_transition  # type: ignore[method-assign]
+    flushing = asyncio.create_task(view.flush())
+    await taken.wait()  # the flush has taken the deferred change and is writing it
+
+    await view.append_event(run.run_id, EventType.ERROR, {"code": "X", "message": "m"})
+    await flushing
+
+    events = await store.list_events(run.run_id)
+    assert [e.type for e in events] == [EventType.STATE, EventType.STATE, EventType.ERROR]
+
+
+@pytest.mark.usefixtures("slow_flush")
+async def test_a_stale_views_deferred_transition_writes_nothing(
+    backend: object, make_run: MakeRun
+) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+    stale, _current = await stale_and_current(store, run.run_id)
+    stale.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+
+    with pytest.raises(LeaseLost):
+        await stale.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+
+    assert await state_of(store, run.run_id) is State.PENDING
+    assert await store.get_tool_call(ledger_row(run.run_id).tool_call_id) is None
+    with pytest.raises(LeaseLost):  # still pending, still refused
+        await stale.flush()
+
+
+async def test_only_a_drives_view_defers(backend: object, make_run: MakeRun) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+    assert store.defer_transition(run.run_id, Trigger.START, expect=State.PENDING) is None
+    view = await leased(store, run.run_id)
+    other = await make_run(store)
+    assert view.defer_transition(other.run_id, Trigger.START, expect=State.PENDING) is None
+
+
+async def test_the_thread_bound_sqlite_store_works_alike(tmp_path: Path, make_run: MakeRun) -> None:
+    """The store a LangGraph server's graphs use: every statement on aiosqlite's thread."""
+    store = await SqliteRunStore.open(tmp_path / "threads.db", direct=False)
+    try:
+        run = await make_run(store)
+        view = await leased(store, run.run_id)
+        view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+        await view.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+        assert await state_of(store, run.run_id) is State.PLANNING
+        assert [e.type for e in await store.list_events(run.run_id)] == [
+            EventType.STATE,
+            EventType.STATE,
+            EventType.ACTION,
+        ]
+    finally:
+        await store.close()
