@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.types import Command
+from langgraph.types import Command, StateSnapshot
 
 from runtime.adapter import Adapter, fail_run
 from runtime.agent import AgentSpec
@@ -171,7 +172,7 @@ class Engine:
                 await finish_cancel(store, self._tools_of, run_id, *found[1])
             elif found is not None and found[0].state not in TERMINAL:
                 try:
-                    await self._drive_graph(store, found[0])
+                    await self._drive_graph(store, found[0], first_lease=version == 1)
                 except BaseException:
                     await asyncio.shield(settle_checkpointer(self.checkpointer))
                     raise
@@ -216,14 +217,19 @@ class Engine:
                 # one, most likely) claims it again. Its NOTIFY came while we held it.
                 self.wake()
 
-    async def _drive_graph(self, store: RunStore, run: Run) -> None:
+    async def _drive_graph(self, store: RunStore, run: Run, *, first_lease: bool) -> None:
+        """``first_lease``: no worker held the run before (lease versions count every
+        grant), so its graph has no checkpoint and the read is spared."""
         run_id = run.run_id
         graph = self.graphs[run.agent_id]
-        config: dict[str, Any] = {
+        config: RunnableConfig = {
             "configurable": {"thread_id": run_id},
             "recursion_limit": RECURSION_LIMIT,
         }
-        snapshot = await graph.aget_state(config)
+        if first_lease:
+            snapshot = StateSnapshot({}, (), config, None, None, None, (), ())
+        else:
+            snapshot = await graph.aget_state(config)
         graph_input: Any
         if not snapshot.values:
             graph_input = {
