@@ -172,7 +172,10 @@ class Engine:
                 await finish_cancel(store, self._tools_of, run_id, *found[1])
             elif found is not None and found[0].state not in TERMINAL:
                 try:
-                    await self._drive_graph(store, found[0], first_lease=version == 1)
+                    # Lease versions count every grant: a pending run's first has no
+                    # checkpoint to read. (Not a run an upgrade gave its first lease.)
+                    first = version == 1 and found[0].state is State.PENDING
+                    await self._drive_graph(store, found[0], first_lease=first)
                 except BaseException:
                     await asyncio.shield(settle_checkpointer(self.checkpointer))
                     raise
@@ -218,8 +221,8 @@ class Engine:
                 self.wake()
 
     async def _drive_graph(self, store: RunStore, run: Run, *, first_lease: bool) -> None:
-        """``first_lease``: no worker held the run before (lease versions count every
-        grant), so its graph has no checkpoint and the read is spared."""
+        """``first_lease``: no worker held the run before, so its graph has no
+        checkpoint and the read is spared."""
         run_id = run.run_id
         graph = self.graphs[run.agent_id]
         config: RunnableConfig = {
@@ -473,8 +476,8 @@ async def _flush_quietly(store: RunStore) -> None:
     which starts the node again."""
     try:
         await store.flush()
-    except (LeaseLost, *TRANSIENT_DB_ERRORS):
-        log.info("a drive's deferred state change was not written", exc_info=True)
+    except Exception:  # the run must still be released
+        log.warning("a drive's deferred state change was not written", exc_info=True)
     finally:
         store.close_journal()
 

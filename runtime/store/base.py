@@ -223,6 +223,8 @@ class RunStore(
         decide_approval, so a decision cannot slip between the check and the park
         and be lost. Returns None when the approval is decided: resume instead.
         """
+        # A deferred state change would lock the run row first: written before, alone.
+        await self.flush()
         async with self.tx() as tx:
             # On the inner connection: through ``tx`` the lock would first check the
             # lease fence, which locks the run row, and a decision (approval, then run)

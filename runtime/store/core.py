@@ -221,9 +221,7 @@ class StoreCore(ABC):
         async with self._ordered() as pending, self._tx() as inner:
             tx = StoreTx(self, inner, self._fence)
             for change in pending:
-                await self._transition(
-                    tx, change.run_id, change.trigger, change.expect, (), change.fields
-                )
+                await self._write_deferred(tx, change)
             yield tx
             for run_id, seq in tx.appended.items():
                 if tx.announced.get(run_id, 0) < seq:
@@ -240,6 +238,12 @@ class StoreCore(ABC):
         async with journal.ordered() as pending:
             yield pending
 
+    async def _write_deferred(self, tx: StoreTx, change: PendingTransition) -> None:
+        row = await self._lock_run(tx, change.run_id, "state")
+        if row is not None and row["state"] == transition(change.expect, change.trigger).value:
+            return  # committed by a write that was cancelled as it committed
+        await self._transition(tx, change.run_id, change.trigger, change.expect, (), change.fields)
+
     def defer_transition(
         self, run_id: str, trigger: Trigger, *, expect: State, **fields: Any
     ) -> State | None:
@@ -248,7 +252,7 @@ class StoreCore(ABC):
         if self._journal is None or self._fence is None or self._fence[0] != run_id:
             return None
         target = transition(expect, trigger)
-        self._journal.add(PendingTransition(run_id, trigger, expect, fields), self.flush)
+        self._journal.add(PendingTransition(run_id, trigger, expect, fields))
         return target
 
     async def flush(self) -> None:
@@ -293,7 +297,7 @@ class StoreCore(ABC):
         """
         view = copy.copy(self)
         view._fence = (run_id, lease_version)
-        view._journal = Journal()
+        view._journal = Journal(view.flush)
         return view
 
     async def _check_fence(self, tx: Tx, run_id: str, lease_version: int) -> None:

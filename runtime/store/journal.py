@@ -47,34 +47,37 @@ class PendingTransition:
 class Journal:
     """The pending transitions of one store view (one drive), oldest first."""
 
-    def __init__(self) -> None:
+    def __init__(self, flush: Callable[[], Awaitable[None]]) -> None:
+        """``flush``: writes the pending changes (the store view's own flush)."""
         self.pending: list[PendingTransition] = []
+        self._flush = flush
         self._lock = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task[None] | None = None
+        self._closed = False
 
     def busy(self) -> bool:
         """Whether a write must go through :meth:`ordered` to keep the drive's order."""
         return bool(self.pending) or self._lock.locked()
 
-    def add(self, change: PendingTransition, flush: Callable[[], Awaitable[None]]) -> None:
+    def add(self, change: PendingTransition) -> None:
         self.pending.append(change)
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(
-                FLUSH_AFTER_S, self._flush_later, flush
-            )
+        self._arm()
 
-    def _flush_later(self, flush: Callable[[], Awaitable[None]]) -> None:
+    def _arm(self) -> None:
+        if self._timer is None and not self._closed:
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_AFTER_S, self._flush_later)
+
+    def _flush_later(self) -> None:
         self._timer = None
         if self.pending:
-            self._flushing = asyncio.get_running_loop().create_task(self._flush_quietly(flush))
+            self._flushing = asyncio.get_running_loop().create_task(self._flush_quietly())
 
-    @staticmethod
-    async def _flush_quietly(flush: Callable[[], Awaitable[None]]) -> None:
+    async def _flush_quietly(self) -> None:
         # The drive's next write meets the same error (a lost lease, a database
         # outage) and handles it; the changes stay pending for it.
         try:
-            await flush()
+            await self._flush()
         except Exception:
             log.debug("deferred state change not written yet", exc_info=True)
 
@@ -82,7 +85,10 @@ class Journal:
     async def ordered(self) -> AsyncIterator[list[PendingTransition]]:
         """Hold the drive's writes in order and take the pending changes for this one.
 
-        If the write fails, they are pending again (in front of any added since).
+        If the write fails, they are pending again (in front of any added since), and
+        the timer tries again. A write cancelled while its commit was under way may
+        have committed them: writing them is idempotent (a change whose target state
+        the run is already in is skipped), so putting them back is always safe.
         """
         async with self._lock:
             taken, self.pending = self.pending, []
@@ -93,10 +99,13 @@ class Journal:
                 yield taken
             except BaseException:
                 self.pending[:0] = taken
+                if self.pending:
+                    self._arm()
                 raise
 
     def close(self) -> None:
         """The drive is over: no timer may fire for it later."""
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

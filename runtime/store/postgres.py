@@ -17,6 +17,7 @@ from runtime.events import EventType
 from runtime.lifecycle import TRANSITIONS, State, Trigger
 from runtime.store.base import Row, Tx
 from runtime.store.core import EVENTS_CHANNEL, LeaseLost, _enc, _transition_changes, _ts, event_row
+from runtime.store.journal import PendingTransition
 from runtime.store.pg_once import PgSingleStatements
 
 log = logging.getLogger(__name__)
@@ -228,21 +229,26 @@ class PostgresRunStore(PgSingleStatements):
                 row = await cur.fetchone()
             for change, (_, _, stored), done in zip(pending, statements, changed, strict=True):
                 if self._transition_done(change.run_id, done, stored) is None:
-                    # The lease is gone (then the statement, fenced too, wrote nothing),
-                    # or the state moved under a lease we hold: a bug, said loudly.
-                    await self._explain_failed(change.run_id, change.expect)
+                    await self._explain_unchanged(change)
             return row
 
-    async def _explain_failed(self, run_id: str, expect: State) -> None:
+    async def _explain_unchanged(self, change: PendingTransition) -> None:
+        """A deferred change's statement changed nothing: it was committed already by a
+        write cancelled as it committed (fine), or the lease is gone (then the statement
+        after it, fenced too, wrote nothing), or the state moved under a lease we hold:
+        a bug, said loudly."""
         async with self._read() as tx:
             row = await tx.fetchone(
-                "SELECT state, lease_version FROM runs WHERE run_id = ?", (run_id,)
+                "SELECT state, lease_version FROM runs WHERE run_id = ?", (change.run_id,)
             )
         if row is None:
-            raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
+            raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {change.run_id} not found")
         if self._fence is not None and int(row["lease_version"]) != self._fence[1]:
-            raise LeaseLost(f"lease {self._fence[1]} on {run_id} is no longer held")
-        raise RuntimeProblem(Code.RUN_STATE_CONFLICT, f"run is {row['state']}, not {expect.value}")
+            raise LeaseLost(f"lease {self._fence[1]} on {change.run_id} is no longer held")
+        if row["state"] != TRANSITIONS[(change.expect, change.trigger)].value:
+            raise RuntimeProblem(
+                Code.RUN_STATE_CONFLICT, f"run is {row['state']}, not {change.expect.value}"
+            )
 
     async def _announce(self, tx: Tx, channel: str, payload: str) -> None:
         await tx.execute("SELECT pg_notify(?, ?)", (channel, payload))

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 
 from runtime.store.base import Row, RunStore
+
+T = TypeVar("T")
 
 
 class _DirectTx:
@@ -60,6 +62,24 @@ class _ThreadTx:
         return [dict(r) for r in rows]
 
 
+async def _to_the_end(step: Awaitable[T]) -> T:
+    """Await ``step`` (a COMMIT, a ROLLBACK) to its end even if cancelled meanwhile, then
+    raise the cancellation: the lock must not be let go while it still runs on
+    aiosqlite's thread, or a direct read would run inside the ending transaction."""
+    task = asyncio.ensure_future(step)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not task.cancelled():
+            task.exception()  # retrieved: the cancellation is what the caller sees
+        raise asyncio.CancelledError
+    return task.result()
+
+
 class SqliteRunStore(RunStore):
     dialect = "sqlite"
     blob_type = "BLOB"
@@ -104,12 +124,12 @@ class SqliteRunStore(RunStore):
                 await self._conn.execute("BEGIN IMMEDIATE")
                 yield self._statements
             except BaseException:
-                await asyncio.shield(self._rollback())
+                await _to_the_end(self._rollback())
                 raise
             try:
-                await asyncio.shield(self._conn.execute("COMMIT"))
+                await _to_the_end(self._conn.execute("COMMIT"))
             except sqlite3.OperationalError:
-                await asyncio.shield(self._rollback())
+                await _to_the_end(self._rollback())
                 raise
 
     @asynccontextmanager

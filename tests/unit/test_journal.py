@@ -169,3 +169,62 @@ async def test_the_thread_bound_sqlite_store_works_alike(tmp_path: Path, make_ru
         ]
     finally:
         await store.close()
+
+
+@pytest.mark.usefixtures("slow_flush")
+async def test_a_deferred_change_already_committed_is_not_written_twice(
+    backend: object, make_run: MakeRun
+) -> None:
+    """As after a write cancelled while it committed: the change is pending again, but
+    the run is in its target state already."""
+    store = store_of(backend)
+    run = await make_run(store)
+    view = await leased(store, run.run_id)
+    view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+    await store.transition(run.run_id, Trigger.START, expect=State.PENDING)
+
+    await view.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+
+    events = await store.list_events(run.run_id)
+    assert [e.type for e in events] == [EventType.STATE, EventType.STATE, EventType.ACTION]
+
+
+@pytest.mark.usefixtures("slow_flush")
+async def test_a_write_cancelled_while_committing_leaves_the_drive_writing(
+    tmp_path: Path, make_run: MakeRun
+) -> None:
+    store = await SqliteRunStore.open(tmp_path / "cancel.db")
+    try:
+        run = await make_run(store)
+        view = await leased(store, run.run_id)
+        execute = store._conn.execute
+        committing = asyncio.Event()
+
+        def slow_commit(sql: str, *args: Any) -> Any:
+            if sql != "COMMIT":
+                return execute(sql, *args)
+
+            async def commit() -> Any:
+                committing.set()
+                await asyncio.sleep(0.05)  # the fsync
+                return await execute(sql, *args)
+
+            return commit()
+
+        store._conn.execute = slow_commit  # type: ignore[method-assign,assignment]
+        view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+        write = asyncio.create_task(view.append_event(run.run_id, EventType.ERROR, {"code": "X"}))
+        await committing.wait()
+        write.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await write
+        store._conn.execute = execute  # type: ignore[method-assign]
+
+        # The commit went through; the lock was held until it had.
+        assert await state_of(store, run.run_id) is State.PLANNING
+        await view.update_run(run.run_id, step_index=1)  # the drive writes on
+        await view.flush()
+        events = await store.list_events(run.run_id)
+        assert [e.type for e in events] == [EventType.STATE, EventType.STATE, EventType.ERROR]
+    finally:
+        await store.close()
