@@ -38,7 +38,7 @@ from runtime.store.core import (
 from runtime.store.leases import LeaseQueries
 from runtime.store.tool_calls import ToolCallQueries
 
-_RUN_COLUMNS = (
+RUN_COLUMNS = (
     "run_id",
     "agent_id",
     "tenant_id",
@@ -96,24 +96,19 @@ class RunStore(
                 "request_hash": request_hash,
                 "needs_drive": 1,
             }
-            cols = ", ".join(_RUN_COLUMNS)
-            marks = ", ".join("?" for _ in _RUN_COLUMNS)
+            cols = ", ".join(RUN_COLUMNS)
+            marks = ", ".join("?" for _ in RUN_COLUMNS)
             inserted = await tx.fetchone(
                 f"INSERT INTO runs ({cols}) VALUES ({marks}) ON CONFLICT DO NOTHING "
                 "RETURNING run_id",
-                [_enc(values[c]) for c in _RUN_COLUMNS],
+                [_enc(values[c]) for c in RUN_COLUMNS],
             )
             if inserted is None:
                 # A concurrent request with the same key committed first.
                 existing = await self._run_for_key(tx, run, request_hash)
                 assert existing is not None
                 return existing, False
-            await self._append(
-                tx,
-                run.run_id,
-                EventType.STATE,
-                {"from": None, "to": run.state.value, "trigger": "create"},
-            )
+            await self._append(tx, run.run_id, EventType.STATE, created_event(run))
             await self._announce(tx, WORK_CHANNEL, run.run_id)
         return run, True
 
@@ -121,14 +116,10 @@ class RunStore(
         await self._lock_key(tx, f"tenant-runs:{tenant_id}")
         row = await tx.fetchone(
             "SELECT COUNT(*) AS n FROM runs WHERE tenant_id = ? AND state IN (?, ?, ?)",
-            (tenant_id, State.PENDING.value, State.PLANNING.value, State.EXECUTING.value),
+            (tenant_id, *ACTIVE_STATES),
         )
         if row is not None and int(row["n"]) >= max_active:
-            raise RuntimeProblem(
-                Code.TENANT_RUN_LIMIT,
-                f"tenant has {max_active} active runs, the most it may have at once",
-                retry_after=5,
-            )
+            raise tenant_limit(max_active)
 
     async def _run_for_key(self, tx: Tx, run: Run, request_hash: str) -> Run | None:
         key = run.options.idempotency_key
@@ -335,6 +326,23 @@ class RunStore(
                 "SELECT * FROM steps WHERE run_id = ? ORDER BY step_index", (run_id,)
             )
         return [Step.model_validate(_dec(r)) for r in rows]
+
+
+ACTIVE_STATES = (State.PENDING.value, State.PLANNING.value, State.EXECUTING.value)
+"""The states a tenant's cap on active runs counts (parked and ended runs are not)."""
+
+
+def created_event(run: Run) -> dict[str, Any]:
+    """The data of a run's first event."""
+    return {"from": None, "to": run.state.value, "trigger": "create"}
+
+
+def tenant_limit(max_active: int) -> RuntimeProblem:
+    return RuntimeProblem(
+        Code.TENANT_RUN_LIMIT,
+        f"tenant has {max_active} active runs, the most it may have at once",
+        retry_after=5,
+    )
 
 
 async def iterate_events(store: RunStore, run_id: str, after: int) -> AsyncIterator[Event]:

@@ -19,9 +19,18 @@ from psycopg_pool import AsyncConnectionPool
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
-from runtime.model import Step, ToolCall
-from runtime.store.base import RunStore
-from runtime.store.core import EVENTS_CHANNEL, LeaseLost, Row, _dec, _enc, _ts, event_row
+from runtime.model import Run, Step, ToolCall
+from runtime.store.base import ACTIVE_STATES, RUN_COLUMNS, RunStore, created_event, tenant_limit
+from runtime.store.core import (
+    EVENTS_CHANNEL,
+    WORK_CHANNEL,
+    LeaseLost,
+    Row,
+    _dec,
+    _enc,
+    _ts,
+    event_row,
+)
 
 _FENCE = "f AS (SELECT run_id FROM runs WHERE run_id = %s AND lease_version = %s FOR UPDATE)"
 
@@ -79,6 +88,67 @@ class PgSingleStatements(RunStore):
         if seq is not None:
             rows = [event_row(run_id, int(seq), *event)] if event is not None else []
             self._notify({run_id: int(seq)}, {run_id: rows})
+
+    async def create_run(
+        self, run: Run, request_hash: str, *, max_active: int | None = None
+    ) -> tuple[Run, bool]:
+        if run.options.idempotency_key is not None:
+            return await super().create_run(run, request_hash, max_active=max_active)
+        # Without a key (most runs) nothing is to be found first: the run, its first
+        # event, and both NOTIFYs in one statement; with a tenant cap, behind the
+        # tenant's lock in the same pipeline (one transaction: the count's snapshot
+        # is taken after the lock is held, so it sees every run created before).
+        dumped = run.model_dump(mode="json")
+        values = {
+            **{c: dumped.get(c) for c in RUN_COLUMNS},
+            "tenant_id": run.context.tenant_id,
+            "user_id": run.context.user_id,
+            "idempotency_key": None,
+            "request_hash": request_hash,
+            "needs_drive": 1,
+            "last_seq": 1,
+        }
+        cols = list(values)
+        event = [EventType.STATE.value, _ts(), _enc(created_event(run))]
+        query = (
+            "WITH c AS (SELECT count(*) AS n FROM runs WHERE tenant_id = %s "
+            "AND state IN (%s, %s, %s)), "
+            f"ins AS (INSERT INTO runs ({', '.join(cols)}) "
+            f"SELECT {', '.join('%s' for _ in cols)} WHERE %s OR (SELECT n FROM c) < %s "
+            "RETURNING run_id), "
+            "e AS (INSERT INTO events (run_id, seq, type, ts, data) "
+            "SELECT run_id, 1, %s, %s, %s FROM ins) "
+            "SELECT (SELECT count(*) FROM ins) AS inserted, "
+            "(SELECT pg_notify(%s, run_id || ' 1')::text FROM ins) AS _events, "
+            "(SELECT pg_notify(%s, run_id)::text FROM ins) AS _work"
+        )
+        params = [
+            run.context.tenant_id,
+            *ACTIVE_STATES,
+            *(_enc(values[c]) for c in cols),
+            max_active is None,
+            max_active or 0,
+            *event,
+            EVENTS_CHANNEL,
+            WORK_CHANNEL,
+        ]
+        async with self.pool.connection() as conn:
+            if max_active is None:
+                cur = await conn.execute(query, params)
+            else:
+                async with conn.pipeline():
+                    await conn.execute(
+                        "SELECT pg_advisory_xact_lock(hashtext(%s))",
+                        (f"tenant-runs:{run.context.tenant_id}",),
+                    )
+                    cur = await conn.execute(query, params)
+            row = await cur.fetchone()
+        assert row is not None
+        if not row["inserted"]:
+            assert max_active is not None, "only the cap keeps a run without a key out"
+            raise tenant_limit(max_active)
+        self._notify({run.run_id: 1}, {run.run_id: [event_row(run.run_id, 1, *event)]})
+        return run, True
 
     async def record_step(self, step: Step) -> Step:
         version = self._fence_of(step.run_id)

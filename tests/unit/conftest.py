@@ -27,6 +27,7 @@ def build_run(
     created_at: datetime | None = None,
     scope: list[str] | None = None,
     input: str = "do something",
+    tenant_id: str = "t1",
 ) -> Run:
     """A fresh run, as ``Engine.create_run`` builds it."""
     options = RunOptions(idempotency_key=idempotency_key)
@@ -35,7 +36,7 @@ def build_run(
         run_id=new_run_id(),
         agent_id="test-agent",
         input=input,
-        context=RunContext(user_id="u1", tenant_id="t1", scope=scope or []),
+        context=RunContext(user_id="u1", tenant_id=tenant_id, scope=scope or []),
         options=options,
         state=state,
         limits=effective_limits(options, Maxima()),

@@ -97,6 +97,49 @@ async def test_create_run_idempotency(backend: object) -> None:
     assert len(await store.list_events(first.run_id)) == 1
 
 
+async def test_a_created_run_is_stored_with_its_first_event(backend: object) -> None:
+    store = store_of(backend)
+    announced: list[tuple[str, int, list[str]]] = []
+    store.add_listener(
+        lambda run_id, seq, rows: announced.append((run_id, seq, [r["type"] for r in rows]))
+    )
+    run, created = await store.create_run(build_run(tenant_id="t1"), "hash", max_active=5)
+
+    assert created
+    stored = await store.get_run(run.run_id)
+    assert stored is not None and stored.model_dump() == run.model_dump()
+    found = await store.get_run_drive(run.run_id)
+    assert found is not None and found[1]  # a worker is to claim it
+    events = await store.list_events(run.run_id)
+    assert [(e.seq, e.type, e.data) for e in events] == [
+        (1, EventType.STATE, {"from": None, "to": "pending", "trigger": "create"})
+    ]
+    assert announced == [(run.run_id, 1, ["state"])]
+    # The next event of the run follows on.
+    assert await store.append_event(run.run_id, EventType.ERROR, {"code": "X"}) == 2
+
+
+async def test_concurrent_creates_never_pass_the_tenants_cap(backend: object) -> None:
+    store = store_of(backend)
+    await store.create_run(build_run(tenant_id="other"), "hash", max_active=1)
+
+    async def create(tenant: str) -> bool:
+        try:
+            await store.create_run(build_run(tenant_id=tenant), "hash", max_active=3)
+        except RuntimeProblem as exc:
+            assert exc.code is Code.TENANT_RUN_LIMIT
+            return False
+        return True
+
+    tenants = [f"t{i}" for i in range(5)]
+    results = await asyncio.gather(*(create(t) for _ in range(8) for t in tenants))
+
+    assert sum(results) == 3 * len(tenants)
+    for tenant in tenants:
+        runs, _ = await store.list_runs(tenant_id=tenant)
+        assert len(runs) == 3, tenant
+
+
 async def test_only_one_of_concurrent_decisions_wins(backend: object, make_run: MakeRun) -> None:
     store = store_of(backend)
     run = await make_run(store)
