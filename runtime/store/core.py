@@ -239,10 +239,11 @@ class StoreCore(ABC):
             yield pending
 
     async def _write_deferred(self, tx: StoreTx, change: PendingTransition) -> None:
-        row = await self._lock_run(tx, change.run_id, "state")
-        if row is not None and row["state"] == transition(change.expect, change.trigger).value:
-            return  # committed by a write that was cancelled as it committed
-        await self._transition(tx, change.run_id, change.trigger, change.expect, (), change.fields)
+        # A run already in the target state: committed by a write cancelled as it committed.
+        target = transition(change.expect, change.trigger)
+        await self._transition(
+            tx, change.run_id, change.trigger, change.expect, (), change.fields, done_in=target
+        )
 
     def defer_transition(
         self, run_id: str, trigger: Trigger, *, expect: State, **fields: Any
@@ -463,13 +464,17 @@ class StoreCore(ABC):
         expect: State | None,
         events: Sequence[tuple[EventType, dict[str, Any]]],
         fields: dict[str, Any],
+        done_in: State | None = None,
     ) -> Row:
         """Fire ``trigger``: one locked read of the run, one update that also counts the
-        events' seqs and returns the new row, one insert of the events."""
+        events' seqs and returns the new row, one insert of the events. A run found in
+        ``done_in`` is left as it is."""
         row = await self._lock_run(tx, run_id, "state")
         if row is None:
             raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
         current = State(row["state"])
+        if current is done_in:
+            return row
         if expect is not None and current is not expect:
             raise RuntimeProblem(
                 Code.RUN_STATE_CONFLICT, f"run is {current.value}, not {expect.value}"

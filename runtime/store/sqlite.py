@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
@@ -67,17 +68,15 @@ async def _to_the_end(step: Awaitable[T]) -> T:
     raise the cancellation: the lock must not be let go while it still runs on
     aiosqlite's thread, or a direct read would run inside the ending transaction."""
     task = asyncio.ensure_future(step)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
         if not task.cancelled():
             task.exception()  # retrieved: the cancellation is what the caller sees
-        raise asyncio.CancelledError
-    return task.result()
+        raise
 
 
 class SqliteRunStore(RunStore):
@@ -128,7 +127,9 @@ class SqliteRunStore(RunStore):
                 raise
             try:
                 await _to_the_end(self._conn.execute("COMMIT"))
-            except sqlite3.OperationalError:
+            except BaseException:
+                # A failed COMMIT leaves the transaction open; after a good one
+                # (cancelled meanwhile) there is nothing to roll back.
                 await _to_the_end(self._rollback())
                 raise
 

@@ -110,10 +110,10 @@ async def test_a_write_waits_for_a_flush_under_way(backend: object, make_run: Ma
     transition = view._transition
     taken = asyncio.Event()
 
-    async def slow_transition(*args: Any) -> Row:
+    async def slow_transition(*args: Any, **kwargs: Any) -> Row:
         taken.set()
         await asyncio.sleep(0.1)  # a slow database: the write below could overtake it
-        return await transition(*args)
+        return await transition(*args, **kwargs)
 
     view._transition = slow_transition  # type: ignore[method-assign]
     flushing = asyncio.create_task(view.flush())
