@@ -34,6 +34,9 @@ FLUSH_AFTER_S = 0.02
 
 Short enough that nobody watching the run notices, long enough to span a fast
 node and LangGraph's checkpoint between two nodes (guard → executor)."""
+RETRY_MAX_S = 1.0
+"""The longest wait between two timer flushes that failed (a database blip, or a
+lease lost while the node still thinks)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Journal:
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task[None] | None = None
         self._closed = False
+        self._delay = FLUSH_AFTER_S
 
     def busy(self) -> bool:
         """Whether a write must go through :meth:`ordered` to keep the drive's order."""
@@ -66,7 +70,7 @@ class Journal:
 
     def _arm(self) -> None:
         if self._timer is None and not self._closed:
-            self._timer = asyncio.get_running_loop().call_later(FLUSH_AFTER_S, self._flush_later)
+            self._timer = asyncio.get_running_loop().call_later(self._delay, self._flush_later)
 
     def _flush_later(self) -> None:
         self._timer = None
@@ -75,18 +79,24 @@ class Journal:
 
     async def _flush_quietly(self) -> None:
         # The drive's next write meets the same error (a lost lease, a database
-        # outage) and handles it; the changes stay pending for it.
+        # outage) and handles it; the changes stay pending for it, and for the timer,
+        # which tries again less and less often.
         try:
             await self._flush()
         except Exception:
             log.debug("deferred state change not written yet", exc_info=True)
+            self._delay = min(self._delay * 2, RETRY_MAX_S)
+            if self.pending:
+                self._arm()
+        else:
+            self._delay = FLUSH_AFTER_S
 
     @contextlib.asynccontextmanager
     async def ordered(self) -> AsyncIterator[list[PendingTransition]]:
         """Hold the drive's writes in order and take the pending changes for this one.
 
-        If the write fails, they are pending again (in front of any added since), and
-        the timer tries again. A write cancelled while its commit was under way may
+        If the write fails, they are pending again (in front of any added since) and
+        the timer will try them. A write cancelled while its commit was under way may
         have committed them: writing them is idempotent (a change whose target state
         the run is already in is skipped), so putting them back is always safe.
         """
