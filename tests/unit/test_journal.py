@@ -228,3 +228,34 @@ async def test_a_write_cancelled_while_committing_leaves_the_drive_writing(
         assert [e.type for e in events] == [EventType.STATE, EventType.STATE, EventType.ERROR]
     finally:
         await store.close()
+
+
+async def test_a_timer_that_keeps_failing_backs_off(
+    backend: object, make_run: MakeRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease lost while the node still thinks: the timer's flushes fail, less and less
+    often, and the change stays pending."""
+    monkeypatch.setattr(journal, "FLUSH_AFTER_S", 0.005)
+    monkeypatch.setattr(journal, "RETRY_MAX_S", 0.05)
+    store = store_of(backend)
+    run = await make_run(store)
+    stale, _current = await stale_and_current(store, run.run_id)
+    stale_journal = stale._journal
+    assert stale_journal is not None
+    flush = stale_journal._flush
+    attempts = 0
+
+    async def counted() -> None:
+        nonlocal attempts
+        attempts += 1
+        await flush()
+
+    stale_journal._flush = counted
+    stale.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+    await asyncio.sleep(0.4)
+    stale.close_journal()
+
+    # Every 5 ms for 0.4 s would be ~80 attempts; doubling up to 50 ms makes it ~12.
+    assert 3 <= attempts <= 25
+    assert len(stale_journal.pending) == 1
+    assert await state_of(store, run.run_id) is State.PENDING
