@@ -115,9 +115,9 @@ class SqliteRunStore(RunStore):
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[_DirectTx | _ThreadTx]:
-        # aiosqlite runs statements in order on its own thread, so a shielded
-        # COMMIT/ROLLBACK still lands before the next BEGIN even when the caller
-        # is cancelled (an SSE client hanging up) in the middle of a transaction.
+        # A caller cancelled mid-transaction (an SSE client hanging up, a cancelled
+        # drive) still has its COMMIT or ROLLBACK run to the end before the lock is
+        # let go (_to_the_end): the next user of the connection starts clean.
         async with self._lock:
             try:
                 await self._conn.execute("BEGIN IMMEDIATE")
