@@ -81,27 +81,18 @@ class RunStore(
         IDEMPOTENCY_CONFLICT; a tenant with ``max_active`` runs pending, planning or
         executing already gets TENANT_RUN_LIMIT (a replayed key still finds its run).
         """
-        key = run.options.idempotency_key
         async with self.tx() as tx:
             existing = await self._run_for_key(tx, run, request_hash)
             if existing is not None:
                 return existing, False
             if max_active is not None:
                 await self._check_active(tx, run.context.tenant_id, max_active)
-            values = {
-                **run.model_dump(mode="json"),
-                "tenant_id": run.context.tenant_id,
-                "user_id": run.context.user_id,
-                "idempotency_key": key,
-                "request_hash": request_hash,
-                "needs_drive": 1,
-            }
-            cols = ", ".join(RUN_COLUMNS)
-            marks = ", ".join("?" for _ in RUN_COLUMNS)
+            values = run_row(run, request_hash)
             inserted = await tx.fetchone(
-                f"INSERT INTO runs ({cols}) VALUES ({marks}) ON CONFLICT DO NOTHING "
+                f"INSERT INTO runs ({', '.join(values)}) "
+                f"VALUES ({', '.join('?' for _ in values)}) ON CONFLICT DO NOTHING "
                 "RETURNING run_id",
-                [_enc(values[c]) for c in RUN_COLUMNS],
+                [_enc(v) for v in values.values()],
             )
             if inserted is None:
                 # A concurrent request with the same key committed first.
@@ -330,6 +321,19 @@ class RunStore(
 
 ACTIVE_STATES = (State.PENDING.value, State.PLANNING.value, State.EXECUTING.value)
 """The states a tenant's cap on active runs counts (parked and ended runs are not)."""
+
+
+def run_row(run: Run, request_hash: str) -> dict[str, Any]:
+    """A new run's row, by column (values not yet encoded)."""
+    dumped = run.model_dump(mode="json")
+    return {
+        **{c: dumped.get(c) for c in RUN_COLUMNS},
+        "tenant_id": run.context.tenant_id,
+        "user_id": run.context.user_id,
+        "idempotency_key": run.options.idempotency_key,
+        "request_hash": request_hash,
+        "needs_drive": 1,
+    }
 
 
 def created_event(run: Run) -> dict[str, Any]:

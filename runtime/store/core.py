@@ -240,9 +240,14 @@ class StoreCore(ABC):
 
     async def _write_deferred(self, tx: StoreTx, change: PendingTransition) -> None:
         # A run already in the target state: committed by a write cancelled as it committed.
-        target = transition(change.expect, change.trigger)
         await self._transition(
-            tx, change.run_id, change.trigger, change.expect, (), change.fields, done_in=target
+            tx,
+            change.run_id,
+            change.trigger,
+            change.expect,
+            (),
+            change.fields,
+            done_in=change.target,
         )
 
     def defer_transition(
@@ -252,9 +257,9 @@ class StoreCore(ABC):
         will reach, or None where nothing defers (a view that is not a drive's)."""
         if self._journal is None or self._fence is None or self._fence[0] != run_id:
             return None
-        target = transition(expect, trigger)
-        self._journal.add(PendingTransition(run_id, trigger, expect, fields))
-        return target
+        change = PendingTransition(run_id, trigger, expect, fields)
+        self._journal.add(change)
+        return change.target
 
     async def flush(self) -> None:
         """Write the deferred state changes now, if there are any."""

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.lifecycle import State, Trigger
+from runtime.lifecycle import State, Trigger, transition
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,10 @@ class PendingTransition:
     expect: State
     fields: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def target(self) -> State:
+        return transition(self.expect, self.trigger)
+
 
 class Journal:
     """The pending transitions of one store view (one drive), oldest first."""
@@ -57,6 +61,7 @@ class Journal:
         self._lock = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task[None] | None = None
+        """The timer's flush under way (held so that it is not garbage-collected)."""
         self._closed = False
         self._delay = FLUSH_AFTER_S
 

@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.model import Run, Step, ToolCall
-from runtime.store.base import ACTIVE_STATES, RUN_COLUMNS, RunStore, created_event, tenant_limit
+from runtime.store.base import ACTIVE_STATES, RunStore, created_event, run_row, tenant_limit
 from runtime.store.core import (
     EVENTS_CHANNEL,
     WORK_CHANNEL,
@@ -98,16 +98,7 @@ class PgSingleStatements(RunStore):
         # event, and both NOTIFYs in one statement; with a tenant cap, behind the
         # tenant's lock in the same pipeline (one transaction: the count's snapshot
         # is taken after the lock is held, so it sees every run created before).
-        dumped = run.model_dump(mode="json")
-        values = {
-            **{c: dumped.get(c) for c in RUN_COLUMNS},
-            "tenant_id": run.context.tenant_id,
-            "user_id": run.context.user_id,
-            "idempotency_key": None,
-            "request_hash": request_hash,
-            "needs_drive": 1,
-            "last_seq": 1,
-        }
+        values = {**run_row(run, request_hash), "last_seq": 1}
         cols = list(values)
         event = [EventType.STATE.value, _ts(), _enc(created_event(run))]
         query = (

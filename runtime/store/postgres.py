@@ -245,7 +245,7 @@ class PostgresRunStore(PgSingleStatements):
             raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {change.run_id} not found")
         if self._fence is not None and int(row["lease_version"]) != self._fence[1]:
             raise LeaseLost(f"lease {self._fence[1]} on {change.run_id} is no longer held")
-        if row["state"] != TRANSITIONS[(change.expect, change.trigger)].value:
+        if row["state"] != change.target.value:
             raise RuntimeProblem(
                 Code.RUN_STATE_CONFLICT, f"run is {row['state']}, not {change.expect.value}"
             )

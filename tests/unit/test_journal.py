@@ -29,6 +29,14 @@ async def leased(store: RunStore, run_id: str) -> RunStore:
     return store.fenced(run_id, version)
 
 
+async def started(store: RunStore, run_id: str) -> RunStore:
+    """The drive's view of a pending run whose planner node has started: "planning"
+    is deferred."""
+    view = await leased(store, run_id)
+    view.defer_transition(run_id, Trigger.START, expect=State.PENDING)
+    return view
+
+
 async def state_of(store: RunStore, run_id: str) -> State:
     run = await store.get_run(run_id)
     assert run is not None
@@ -79,8 +87,7 @@ async def test_a_deferred_transition_commits_with_the_next_write(
 async def test_the_drive_reads_its_own_deferred_state(backend: object, make_run: MakeRun) -> None:
     store = store_of(backend)
     run = await make_run(store)
-    view = await leased(store, run.run_id)
-    view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+    view = await started(store, run.run_id)
 
     assert await state_of(view, run.run_id) is State.PLANNING
     assert await state_of(store, run.run_id) is State.PLANNING
@@ -105,8 +112,7 @@ async def test_a_deferred_transition_is_written_soon_without_a_write(
 async def test_a_write_waits_for_a_flush_under_way(backend: object, make_run: MakeRun) -> None:
     store = store_of(backend)
     run = await make_run(store)
-    view = await leased(store, run.run_id)
-    view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+    view = await started(store, run.run_id)
     transition = view._transition
     taken = asyncio.Event()
 
@@ -158,8 +164,7 @@ async def test_the_thread_bound_sqlite_store_works_alike(tmp_path: Path, make_ru
     store = await SqliteRunStore.open(tmp_path / "threads.db", direct=False)
     try:
         run = await make_run(store)
-        view = await leased(store, run.run_id)
-        view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+        view = await started(store, run.run_id)
         await view.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
         assert await state_of(store, run.run_id) is State.PLANNING
         assert [e.type for e in await store.list_events(run.run_id)] == [
@@ -179,8 +184,7 @@ async def test_a_deferred_change_already_committed_is_not_written_twice(
     the run is in its target state already."""
     store = store_of(backend)
     run = await make_run(store)
-    view = await leased(store, run.run_id)
-    view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+    view = await started(store, run.run_id)
     await store.transition(run.run_id, Trigger.START, expect=State.PENDING)
 
     await view.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
