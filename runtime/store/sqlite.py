@@ -16,6 +16,9 @@ from runtime.store.base import Row, RunStore
 
 T = TypeVar("T")
 
+BUSY_TIMEOUT_MS = 10_000
+"""How long a transaction waits for SQLite's write lock before it fails."""
+
 
 class _DirectTx:
     """Statements run on the event loop's thread, straight on the sqlite3 connection.
@@ -23,13 +26,29 @@ class _DirectTx:
     Through aiosqlite each statement is a hop to its thread and back (a queue, a
     future, a wake-up of the loop): most of the store's cost, for statements that
     take microseconds. Here only what may wait goes through aiosqlite's thread:
-    BEGIN IMMEDIATE (SQLite's write lock, which the checkpointer's connection may
-    hold) and COMMIT (the fsync). Statements inside our own transaction hold that
-    lock, so they never wait; a lone read in WAL mode does not wait for writers.
+    COMMIT (the fsync), and BEGIN IMMEDIATE when SQLite's write lock is held by
+    another connection (the checkpointer's): :meth:`try_begin` takes a free lock
+    without waiting. Statements inside our own transaction hold that lock, so they
+    never wait; a lone read in WAL mode does not wait for writers.
     """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+
+    def try_begin(self) -> bool:
+        """BEGIN IMMEDIATE if the write lock is free now; False (nothing begun) if not."""
+        # busy_timeout 0 for this statement only: the loop's thread must not sleep in
+        # SQLite's busy handler. The caller waits for the lock on aiosqlite's thread.
+        self._conn.execute("PRAGMA busy_timeout=0")
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # or an extended BUSY_*
+                raise
+            return False
+        finally:
+            self._conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        return True
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         self._conn.execute(sql, tuple(params))
@@ -103,7 +122,7 @@ class SqliteRunStore(RunStore):
         conn = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
         conn.row_factory = aiosqlite.Row
         await conn.execute("PRAGMA journal_mode=WAL")
-        await conn.execute("PRAGMA busy_timeout=10000")
+        await conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         # FULL, not NORMAL: in WAL mode NORMAL skips the fsync at commit, so a power
         # loss can roll back commits that were already acted on (a ledger row claimed
         # before its side effect ran would vanish, and the effect would run again).
@@ -120,7 +139,7 @@ class SqliteRunStore(RunStore):
         # let go (_to_the_end): the next user of the connection starts clean.
         async with self._lock:
             try:
-                await self._conn.execute("BEGIN IMMEDIATE")
+                await self._begin()
                 yield self._statements
             except BaseException:
                 await _to_the_end(self._rollback())
@@ -140,6 +159,11 @@ class SqliteRunStore(RunStore):
         # of another coroutine's open transaction on this connection.
         async with self._lock:
             yield self._statements
+
+    async def _begin(self) -> None:
+        statements = self._statements
+        if not (isinstance(statements, _DirectTx) and statements.try_begin()):
+            await self._conn.execute("BEGIN IMMEDIATE")
 
     async def _rollback(self) -> None:
         try:

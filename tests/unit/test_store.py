@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from runtime.events import EventType
 from runtime.lifecycle import State
 from runtime.model import Approval, utcnow
 from runtime.store.base import RunStore
+from runtime.store.sqlite import SqliteRunStore
 from tests.unit.conftest import MakeRun, build_run
 
 
@@ -274,3 +277,29 @@ async def test_a_run_ending_while_a_human_decides_does_not_deadlock(
         assert expired != approved  # exactly one won
         final = await store.get_approval(approval.approval_id)
         assert final is not None and final.status == ("expired" if expired else "approved")
+
+
+async def test_a_sqlite_write_waits_for_a_write_lock_another_connection_holds(
+    tmp_path: Path, make_run: MakeRun
+) -> None:
+    """BEGIN IMMEDIATE is tried on the loop's thread without waiting; when the
+    checkpointer's connection holds SQLite's write lock, the write waits for it on
+    aiosqlite's thread: it neither fails at once nor stalls the event loop."""
+    store = await SqliteRunStore.open(tmp_path / "locked.db")
+    other = sqlite3.connect(tmp_path / "locked.db", isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        writing = asyncio.create_task(make_run(store))
+        ticks = 0
+        for _ in range(10):
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert not writing.done(), "the write did not wait for the lock"
+        assert ticks == 10
+        other.execute("COMMIT")
+        run = await asyncio.wait_for(writing, 5)
+        assert (await store.get_run(run.run_id)) is not None
+        await store.append_event(run.run_id, EventType.ERROR, {})  # the store goes on
+    finally:
+        other.close()
+        await store.close()
