@@ -6,9 +6,9 @@ from typing import TypeVar
 
 import pytest
 
-from tests.integration.server_proc import ServerProcess, _Process
+from tests.integration.server_proc import ChildProcess, ServerProcess
 
-P = TypeVar("P", bound=_Process)
+P = TypeVar("P", bound=ChildProcess)
 
 
 def _serving(url: str, data_dir: Path) -> Iterator[ServerProcess]:
@@ -35,7 +35,7 @@ class Processes:
     """Every process a test starts; all are stopped (SIGCONT, SIGTERM, SIGKILL) at the end."""
 
     def __init__(self) -> None:
-        self.all: list[_Process] = []
+        self.all: list[ChildProcess] = []
 
     def add(self, proc: P) -> P:
         self.all.append(proc)

@@ -1,4 +1,5 @@
-"""A real ``agent-runtime serve`` subprocess that tests can SIGKILL and start again."""
+"""Real ``agent-runtime serve``/``worker`` and ``langgraph dev`` subprocesses that tests
+(and the benchmarks, :mod:`bench._proc`) start, SIGKILL, pause and start again."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,17 @@ ROOT = Path(__file__).resolve().parents[2]
 # The installed console script, as an operator runs it.
 _SCRIPT = Path(sys.executable).with_name("agent-runtime")
 AGENT_RUNTIME = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "server.cli"]
+LANGGRAPH = Path(sys.executable).with_name("langgraph")
+
+# langgraph dev without network: no LangSmith tracing, version check or analytics.
+OFFLINE_ENV = {
+    "LANGSMITH_TRACING": "false",
+    "LANGCHAIN_TRACING_V2": "false",
+    "LANGGRAPH_NO_VERSION_CHECK": "true",
+    "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+    "NO_COLOR": "1",
+}
+SECRETS = ("LANGSMITH_API_KEY", "LANGCHAIN_API_KEY", "LANGGRAPH_CLOUD_LICENSE_KEY")
 
 
 def free_port() -> int:
@@ -51,10 +64,10 @@ def base_env(data_dir: Path, database_url: str) -> dict[str, str]:
     }
 
 
-class _Process:
+class ChildProcess:
     """Signals for a child process: SIGKILL, SIGSTOP/SIGCONT, SIGTERM."""
 
-    proc: subprocess.Popen[bytes] | None
+    proc: subprocess.Popen[bytes] | None = None
     log_path: Path
     env: dict[str, str]
 
@@ -62,16 +75,38 @@ class _Process:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
-        """``agent-runtime <args>`` with this process's env, logging to its log file."""
+    def _spawn(self, *args: str, argv: Sequence[str] = AGENT_RUNTIME) -> subprocess.Popen[bytes]:
+        """``<argv> <args>`` (``agent-runtime`` by default) with this process's env,
+        logging to its log file."""
         with self.log_path.open("ab") as log:
             return subprocess.Popen(
-                [*AGENT_RUNTIME, *args],
+                [*argv, *args],
                 cwd=ROOT,
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+
+    def wait_until(
+        self, ready: Callable[[], bool], what: str, timeout: float, every: float = 0.05
+    ) -> None:
+        """Poll ``ready`` until it holds; fail at once, with the log, if the process dies."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive(what)
+            if ready():
+                return
+            time.sleep(every)  # polling for the process to come up, not waiting on behaviour
+        raise TimeoutError(f"{what} did not start: {self.log_text()[-3000:]}")
+
+    def logged_since(self, offset: int, line_ok: Callable[[str], bool]) -> bool:
+        """Whether a line of the log after byte ``offset`` satisfies ``line_ok``."""
+        if not self.log_path.exists():
+            return False
+        with self.log_path.open("rb") as fh:
+            fh.seek(offset)
+            tail = fh.read().decode(errors="replace")
+        return any(line_ok(line) for line in tail.splitlines())
 
     @property
     def pid(self) -> int:
@@ -80,6 +115,11 @@ class _Process:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def check_alive(self, what: str) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{what} exited {self.proc.returncode}: {self.log_text()[-3000:]}")
 
     def kill(self) -> None:
         """SIGKILL: no shutdown hook, no flush, no goodbye."""
@@ -108,7 +148,7 @@ class _Process:
                 self.proc.wait(5)
 
 
-class ServerProcess(_Process):
+class ServerProcess(ChildProcess):
     def __init__(
         self, data_dir: Path, database_url: str, *, no_worker: bool = False, **env: str
     ) -> None:
@@ -124,18 +164,8 @@ class ServerProcess(_Process):
         self.proc = self._spawn(
             "serve", "--port", str(self.port), *(["--no-worker"] if self.no_worker else [])
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                ready = httpx.get(f"{self.base_url}/readyz", headers=OPS, timeout=1)
-                if ready.status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)  # polling for a port to open, not waiting on behaviour
-        raise TimeoutError(f"server did not start: {self.log_path.read_text()[-3000:]}")
+        self.wait_until(lambda: answers(f"{self.base_url}/readyz", OPS), "server", timeout)
+        return self
 
     def client(self, headers: dict[str, str] = OPS) -> httpx.Client:
         """A client that calls as ``headers`` say: the runs' own user (OPS) by default."""
@@ -165,10 +195,8 @@ class ServerProcess(_Process):
         return events
 
 
-class WorkerProcess(_Process):
+class WorkerProcess(ChildProcess):
     """A real ``agent-runtime worker`` subprocess: drives runs, serves no HTTP."""
-
-    STARTED = "worker "  # logged at INFO as "worker <owner> started"
 
     def __init__(
         self,
@@ -201,18 +229,58 @@ class WorkerProcess(_Process):
     def wait_started(self, offset: int | None = None, timeout: float = 30.0) -> None:
         """Wait for the start line logged after ``offset`` (default: since the last start)."""
         offset = self._offset if offset is None else offset
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited: {self.log_text()[-3000:]}")
-            with self.log_path.open("rb") as fh:
-                fh.seek(offset)
-                tail = fh.read().decode(errors="replace")
-            if any(
-                line.split(": ", 1)[-1].startswith(self.STARTED) and line.endswith(" started")
-                for line in tail.splitlines()
-            ):
-                return
-            time.sleep(0.05)  # polling for the process to come up, not waiting on behaviour
-        raise TimeoutError(f"worker did not start: {self.log_text()[-3000:]}")
+        self.wait_until(lambda: self.logged_since(offset, worker_started), "worker", timeout)
+
+
+def worker_started(line: str) -> bool:
+    """The line a worker logs at INFO once it claims runs: "worker <owner> started"."""
+    return line.split(": ", 1)[-1].startswith("worker ") and line.endswith(" started")
+
+
+def answers(url: str, headers: Mapping[str, str] | None = None) -> bool:
+    """Whether GET ``url`` answers 200 (False while nothing listens yet)."""
+    try:
+        return httpx.get(url, headers=headers, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class LanggraphDev(ChildProcess):
+    """``langgraph dev`` serving langgraph.json (graphs/studio.py), in memory, offline."""
+
+    def __init__(self, data_dir: Path, jobs: int | None = None) -> None:
+        """``jobs``: its ``--n-jobs-per-worker`` (its own default if None)."""
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = data_dir / "langgraph-dev.log"
+        self.jobs = jobs
+        self.env = {k: v for k, v in os.environ.items() if k not in SECRETS}
+        self.env.update(OFFLINE_ENV, AGENT_RUNTIME_DATA_DIR=str(data_dir))
+
+    def start(self, timeout: float = 90.0) -> LanggraphDev:
+        args = ["dev", "--no-browser", "--no-reload", "--host", "127.0.0.1"]
+        args += ["--port", str(self.port)]
+        if self.jobs is not None:
+            args += ["--n-jobs-per-worker", str(self.jobs)]
+        with self.log_path.open("ab") as log:
+            # Its own session: stop() signals the whole group (it runs workers).
+            self.proc = subprocess.Popen(
+                [str(LANGGRAPH), *args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.wait_until(lambda: answers(f"{self.url}/ok"), "langgraph dev", timeout, every=0.2)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)

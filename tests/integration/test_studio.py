@@ -7,104 +7,34 @@ APPROVAL_REJECTED. Side effects are still ledgered, in ``$AGENT_RUNTIME_DATA_DIR
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 
 from runtime.store.sqlite import SqliteRunStore
-from tests.integration.server_proc import ROOT, free_port
+from tests.integration.server_proc import LanggraphDev
 
-LANGGRAPH = Path(sys.executable).with_name("langgraph")
 QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
 INPUT = {"input": QUESTION, "context": {"scope": ["sales_region:east"]}}
 GRAPH = "retail_analyst"
 
-# No network: no LangSmith tracing or metadata, no PyPI version check, no CLI analytics.
-OFFLINE_ENV = {
-    "LANGSMITH_TRACING": "false",
-    "LANGCHAIN_TRACING_V2": "false",
-    "LANGGRAPH_NO_VERSION_CHECK": "true",
-    "LANGGRAPH_CLI_NO_ANALYTICS": "1",
-}
-SECRETS = ("LANGSMITH_API_KEY", "LANGCHAIN_API_KEY", "LANGGRAPH_CLOUD_LICENSE_KEY")
-
-
-class DevServer:
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = data_dir / "langgraph-dev.log"
-        env = {k: v for k, v in os.environ.items() if k not in SECRETS}
-        env.update(OFFLINE_ENV, AGENT_RUNTIME_DATA_DIR=str(data_dir), NO_COLOR="1")
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    str(LANGGRAPH),
-                    "dev",
-                    "--no-browser",
-                    "--no-reload",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"langgraph dev exited {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.url}/ok", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"langgraph dev not ready:\n{self.log()}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-
 
 @pytest.fixture(scope="module")
-def dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    server = DevServer(tmp_path_factory.mktemp("studio"))
+def dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanggraphDev]:
+    server = LanggraphDev(tmp_path_factory.mktemp("studio"))
     try:
-        server.wait_ready()
+        server.start()
         yield server
     finally:
         server.stop()
 
 
 @pytest.fixture
-async def client(dev_server: DevServer) -> AsyncIterator[LangGraphClient]:
+async def client(dev_server: LanggraphDev) -> AsyncIterator[LangGraphClient]:
     lg = get_client(url=dev_server.url)
     try:
         yield lg
@@ -134,7 +64,7 @@ async def run_to_interrupt(client: LangGraphClient) -> tuple[str, dict[str, Any]
 
 
 async def test_graphs_load_without_errors_or_warnings(
-    dev_server: DevServer, client: LangGraphClient
+    dev_server: LanggraphDev, client: LangGraphClient
 ) -> None:
     assistants = await client.assistants.search(graph_id=GRAPH)
     assert [a["graph_id"] for a in assistants] == [GRAPH]
@@ -146,12 +76,14 @@ async def test_graphs_load_without_errors_or_warnings(
     assert [a["graph_id"] for a in writer] == ["report_writer"]
     schemas = await client.assistants.get_schemas(assistants[0]["assistant_id"])
     assert schemas["context_schema"] is None  # the engine's services are not JSON
-    assert problems(dev_server.log()) == []
+    assert problems(dev_server.log_text()) == []
     assert {"input", "context"} <= set(schemas["input_schema"]["properties"])
     assert schemas["output_schema"]["properties"]["result"]
 
 
-async def test_approve_resumes_to_an_answer(dev_server: DevServer, client: LangGraphClient) -> None:
+async def test_approve_resumes_to_an_answer(
+    dev_server: LanggraphDev, client: LangGraphClient
+) -> None:
     thread_id, request = await run_to_interrupt(client)
     assert request["tool"] == "publish_report"
     assert request["risk"] == "high"
@@ -191,11 +123,11 @@ async def test_approve_resumes_to_an_answer(dev_server: DevServer, client: LangG
         ]
     finally:
         await store.close()
-    assert problems(dev_server.log()) == []
+    assert problems(dev_server.log_text()) == []
 
 
 async def test_reject_ends_with_approval_rejected(
-    dev_server: DevServer, client: LangGraphClient
+    dev_server: LanggraphDev, client: LangGraphClient
 ) -> None:
     thread_id, request = await run_to_interrupt(client)
     await client.runs.wait(
@@ -220,4 +152,4 @@ async def test_reject_ends_with_approval_rejected(
         assert "publish_report" not in [c.tool for c in calls]
     finally:
         await store.close()
-    assert problems(dev_server.log()) == []
+    assert problems(dev_server.log_text()) == []
