@@ -123,7 +123,7 @@ async def test_bad_decisions_queries_and_headers_are_422(api: Api) -> None:
     for bad_id in (b"x", "²".encode("latin-1"), b"9" * 20):
         resp = await api.client.get(
             f"/runs/{run_id}/events",
-            headers={"Accept": "application/json", "Last-Event-ID": bad_id},
+            headers={b"Accept": b"application/json", b"Last-Event-ID": bad_id},
         )
         assert_problem(resp, 422, "VALIDATION_ERROR")
     assert_problem(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from tests.agents import counter_lines
 from tests.api.conftest import Api, states
@@ -11,7 +12,7 @@ from tools.retail import count_outbox, outbox_rows
 QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
 
 
-async def park(api: Api, **body: object) -> dict[str, object]:
+async def park(api: Api, **body: Any) -> dict[str, Any]:
     run = await api.create(**body)
     parked = await api.settle(str(run["run_id"]))
     assert parked["state"] == "waiting_human", parked

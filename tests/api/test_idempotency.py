@@ -68,9 +68,13 @@ async def test_alias_post_run_and_listing(api: Api) -> None:
     for _ in range(3):
         await api.create(agent_id="typo_fixer", input="more")
     seen: list[str] = []
-    cursor = None
+    cursor: str | None = None
     while True:
-        params = {"limit": 2, "agent_id": "typo_fixer", **({"cursor": cursor} if cursor else {})}
+        params: dict[str, str | int] = {
+            "limit": 2,
+            "agent_id": "typo_fixer",
+            **({"cursor": cursor} if cursor else {}),
+        }
         page = (await api.client.get("/runs", params=params)).json()
         seen += [r["run_id"] for r in page["items"]]
         cursor = page["next_cursor"]

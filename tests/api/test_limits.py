@@ -84,7 +84,7 @@ async def test_invalid_utf8_and_broken_json_are_4xx(api: Api, raw: bytes) -> Non
         ("/runs", {"cursor": "x" * 501}),
     ],
 )
-async def test_page_sizes_are_bounded(api: Api, path: str, params: dict[str, object]) -> None:
+async def test_page_sizes_are_bounded(api: Api, path: str, params: dict[str, int | str]) -> None:
     problem(await api.client.get(path, params=params), 422, "VALIDATION_ERROR")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 import psycopg
@@ -19,8 +19,16 @@ from tests.integration.server_proc import (
 EAST = {"scope": ["sales_region:east"]}
 QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
 SEED = 20240522
+
+
+class QuickExitEnv(TypedDict):
+    """Extra environment for a child process; typed, so ``**`` can only fill ``**env``."""
+
+    AGENT_RUNTIME_SHUTDOWN_GRACE_S: str
+
+
 # Shutting down a worker at the end of a test should not wait out a 30 s sleep.
-QUICK_EXIT = {"AGENT_RUNTIME_SHUTDOWN_GRACE_S": "0.5"}
+QUICK_EXIT: QuickExitEnv = {"AGENT_RUNTIME_SHUTDOWN_GRACE_S": "0.5"}
 
 
 def wait_until(check: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypedDict
 
 from tests.agents import counter_lines
 from tests.integration.conftest import Processes, state_is
 from tests.integration.server_proc import ServerProcess, WorkerProcess, wait_for_file
 
+
+class LongLeaseEnv(TypedDict):
+    """Extra environment for a server process; typed, so ``**`` can only fill ``**env``."""
+
+    AGENT_RUNTIME_LEASE_SECONDS: str
+    AGENT_RUNTIME_SHUTDOWN_GRACE_S: str
+
+
 # Leases far longer than the test: a run can only move on if it was handed back.
-LONG_LEASE = {"AGENT_RUNTIME_LEASE_SECONDS": "600", "AGENT_RUNTIME_SHUTDOWN_GRACE_S": "0.5"}
+LONG_LEASE: LongLeaseEnv = {
+    "AGENT_RUNTIME_LEASE_SECONDS": "600",
+    "AGENT_RUNTIME_SHUTDOWN_GRACE_S": "0.5",
+}
 
 
 def test_sigterm_hands_running_runs_to_the_next_process(pg_schema_url: str, data_dir: Path) -> None:

@@ -19,7 +19,7 @@ from runtime.store.sqlite import SqliteRunStore
 from tests.integration.server_proc import LanggraphDev
 
 QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
-INPUT = {"input": QUESTION, "context": {"scope": ["sales_region:east"]}}
+INPUT: dict[str, Any] = {"input": QUESTION, "context": {"scope": ["sales_region:east"]}}
 GRAPH = "retail_analyst"
 
 
@@ -77,8 +77,10 @@ async def test_graphs_load_without_errors_or_warnings(
     schemas = await client.assistants.get_schemas(assistants[0]["assistant_id"])
     assert schemas["context_schema"] is None  # the engine's services are not JSON
     assert problems(dev_server.log_text()) == []
-    assert {"input", "context"} <= set(schemas["input_schema"]["properties"])
-    assert schemas["output_schema"]["properties"]["result"]
+    input_schema, output_schema = schemas["input_schema"], schemas["output_schema"]
+    assert input_schema is not None and output_schema is not None, schemas
+    assert {"input", "context"} <= set(input_schema["properties"])
+    assert output_schema["properties"]["result"]
 
 
 async def test_approve_resumes_to_an_answer(
@@ -138,11 +140,13 @@ async def test_reject_ends_with_approval_rejected(
     )
     state = await client.threads.get_state(thread_id)
     assert state["next"] == []
-    outcome = state["values"]["outcome"]
+    values = state["values"]
+    assert isinstance(values, dict), values
+    outcome = values["outcome"]
     assert outcome["status"] == "failed"
     assert outcome["code"] == "APPROVAL_REJECTED"
     assert "not this week" in outcome["message"]
-    assert not state["values"].get("result")
+    assert not values.get("result")
 
     store = await SqliteRunStore.open(dev_server.data_dir / "studio.db")
     try:

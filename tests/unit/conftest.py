@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from runtime.store.base import RunStore
 from runtime.store.sqlite import SqliteRunStore
 from tests.unit.node_env import NodeEnv
 
-MakeRun = Callable[..., Awaitable[Run]]
+MakeRun = Callable[..., Coroutine[Any, Any, Run]]
 
 
 def build_run(

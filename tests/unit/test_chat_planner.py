@@ -117,6 +117,12 @@ HISTORY = (
 )
 
 
+def answered_call_id(message: BaseMessage) -> str:
+    """The id of the tool call ``message`` answers: it must be a tool message."""
+    assert isinstance(message, ToolMessage), message
+    return message.tool_call_id
+
+
 def test_tools_become_openai_function_schemas(tools: list[dict[str, Any]]) -> None:
     schemas = tool_schemas(tools)
     assert [s["function"]["name"] for s in schemas] == [
@@ -187,7 +193,9 @@ def test_messages_are_rebuilt_from_the_observations(tools: list[dict[str, Any]])
     # Every tool call is answered by a tool message with its id, right after it.
     for i, message in enumerate(messages):
         if isinstance(message, AIMessage) and message.tool_calls:
-            answered = [m.tool_call_id for m in messages[i + 1 : i + 1 + len(message.tool_calls)]]
+            answered = [
+                answered_call_id(m) for m in messages[i + 1 : i + 1 + len(message.tool_calls)]
+            ]
             assert answered == [c["id"] for c in message.tool_calls]
     assert messages[-1].content == "[runtime] FINISH_REFUSED: an approval is still open"
 
