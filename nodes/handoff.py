@@ -136,17 +136,24 @@ def make_handoff_node(targets: Mapping[str, set[str]], root: str) -> NodeFn:
             "step_index": step,
             "depth": len(stack) + 1,
         }
+        # To an API consumer a handoff is a call like a tool's (DESIGN §4 has no other
+        # event type): an `action` now, its `result` when the sub-agent hands back.
         await ctx.store.append_event(
             ctx.run_id,
-            EventType.HANDOFF,
+            EventType.ACTION,
             {
-                "phase": "start",
-                "handoff_id": hid,
-                "from_agent": current,
-                "to_agent": target,
-                "step_index": step,
-                "depth": len(stack) + 1,
-                "task": summarize(decision.handoff.task),
+                "tool_call_id": hid,
+                "tool": handoff_tool(target),
+                "version": None,
+                "args": summarize({"task": decision.handoff.task, "data": decision.handoff.data}),
+                "handoff": {
+                    "phase": "start",
+                    "from_agent": current,
+                    "to_agent": target,
+                    "step_index": step,
+                    "depth": len(stack) + 1,
+                    "task": summarize(decision.handoff.task),
+                },
             },
             dedupe_key=f"handoff:{hid}:start",
         )
@@ -193,16 +200,18 @@ def make_handback_node() -> NodeFn:
         }
         await ctx.store.append_event(
             ctx.run_id,
-            EventType.HANDOFF,
+            EventType.RESULT,
             {
-                "phase": "return",
-                "handoff_id": frame["handoff_id"],
-                "from_agent": frame["agent_id"],
-                "to_agent": frame["from_agent"],
-                "step_index": state["step_index"],
-                "depth": frame["depth"],
-                "summary": summarize(decision.answer or decision.summary),
-                "artifacts": artifacts,
+                **{k: back[k] for k in ("tool_call_id", "tool", "status", "artifact_id", "error")},
+                "output": back["summary"],
+                "handoff": {
+                    "phase": "return",
+                    "from_agent": frame["agent_id"],
+                    "to_agent": frame["from_agent"],
+                    "step_index": state["step_index"],
+                    "depth": frame["depth"],
+                    "artifacts": artifacts,
+                },
             },
             dedupe_key=f"handoff:{frame['handoff_id']}:return",
         )

@@ -10,6 +10,9 @@ from runtime.model import ToolCall
 
 
 class EventType(StrEnum):
+    """Exactly DESIGN §4's seven: a graph's new kind of work maps onto these (a handoff
+    to a sub-agent is an ``action`` and a ``result``, tool ``handoff_to_<agent>``)."""
+
     STATE = "state"
     ACTION = "action"
     RESULT = "result"
@@ -17,7 +20,6 @@ class EventType(StrEnum):
     APPROVAL_RESULT = "approval_result"
     ARTIFACT = "artifact"
     ERROR = "error"
-    HANDOFF = "handoff"
 
 
 SUMMARY_CHARS = 300

@@ -81,6 +81,14 @@ class Renderer:
             if d.get("from") is None:
                 return f"{s['state']} created ({d.get('to')})"
             return f"{s['state']} {d.get('from')} {s['arrow']} {d.get('to')} ({d.get('trigger')})"
+        handoff = d.get("handoff")
+        if kind in ("action", "result") and isinstance(handoff, dict):
+            what = handoff.get("task") if kind == "action" else d.get("output")
+            return (
+                f"{s['arrow']} handoff {handoff.get('phase')} {handoff.get('from_agent')} "
+                f"{s['arrow']} {handoff.get('to_agent')} (depth {handoff.get('depth')}): "
+                f"{compact(what or '')}"
+            )
         if kind == "action":
             return f"{s['action']} {d.get('tool')} {compact(d.get('args', ''))}"
         if kind == "result":
@@ -107,12 +115,6 @@ class Renderer:
         if kind == "error":
             recovery = f" [{d['recovery']}]" if d.get("recovery") else ""
             return f"{s['bad']} {d.get('code')}: {compact(d.get('message', ''))}{recovery}"
-        if kind == "handoff":
-            what = d.get("task") if d.get("phase") == "start" else d.get("summary")
-            return (
-                f"{s['arrow']} handoff {d.get('phase')} {d.get('from_agent')} {s['arrow']} "
-                f"{d.get('to_agent')} (depth {d.get('depth')}): {compact(what or '')}"
-            )
         return f"{s['other']} {kind} {compact(d)}"
 
     def error_text(self, error: Any) -> str:

@@ -27,12 +27,14 @@ async def checkpoint(api: Api, run_id: str) -> dict[str, Any]:
     return body
 
 
+def handoff_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A handoff's `action` (phase start) and `result` (phase return) events."""
+    return [e for e in events if "handoff" in e["data"]]
+
+
 def handoffs(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    return [
-        (e["data"]["phase"], e["data"]["from_agent"], e["data"]["to_agent"])
-        for e in events
-        if e["type"] == "handoff"
-    ]
+    moves = [e["data"]["handoff"] for e in handoff_events(events)]
+    return [(h["phase"], h["from_agent"], h["to_agent"]) for h in moves]
 
 
 async def test_sub_agent_result_returns_to_the_parent(api: Api) -> None:
@@ -70,9 +72,15 @@ async def test_sub_agent_result_returns_to_the_parent(api: Api) -> None:
         ("start", "delegator", "slow_worker"),
         ("return", "slow_worker", "delegator"),
     ]
-    start, back = (e for e in events if e["type"] == "handoff")
-    assert start["data"]["handoff_id"] == back["data"]["handoff_id"]
-    assert start["data"]["step_index"] == 1 and back["data"]["step_index"] == 4
+    start, back = handoff_events(events)
+    # To a consumer, a call of tool handoff_to_<agent> and its result.
+    assert (start["type"], back["type"]) == ("action", "result")
+    assert start["data"]["tool"] == back["data"]["tool"] == "handoff_to_slow_worker"
+    assert start["data"]["tool_call_id"] == back["data"]["tool_call_id"]
+    assert start["data"]["tool_call_id"].startswith("ho-")
+    assert back["data"]["status"] == "succeeded" and back["data"]["output"] == "slept"
+    assert start["data"]["handoff"]["step_index"] == 1
+    assert back["data"]["handoff"]["step_index"] == 4
     # The sub-agent's tool calls happen between the two, as seen on the stream.
     acted = [
         e["data"]["tool"]
@@ -99,7 +107,7 @@ async def test_nested_handoffs_unwind_in_order(api: Api) -> None:
         ("return", "slow_worker", "relay"),
         ("return", "relay", "delegator"),
     ]
-    depths = [e["data"]["depth"] for e in record["events"] if e["type"] == "handoff"]
+    depths = [e["data"]["handoff"]["depth"] for e in handoff_events(record["events"])]
     assert depths == [1, 2, 2, 1]
     # Each delegator echoed its own first word: the relay saw its own task, not the run's input.
     echoes = [c["args"]["text"] for c in record["tool_calls"] if c["tool"] == "echo"]

@@ -69,9 +69,9 @@ def test_handoff_killed_mid_sub_agent_resumes_in_the_sub_agent(server: ServerPro
         ("delegator", "finish"),
     ]
     moves = [
-        (e["data"]["phase"], e["data"]["handoff_id"])
+        (e["data"]["handoff"]["phase"], e["data"]["tool_call_id"])
         for e in trace["events"]
-        if e["type"] == "handoff"
+        if "handoff" in e["data"]
     ]
     assert moves == [("start", frame["handoff_id"]), ("return", frame["handoff_id"])]
     assert after["handoff_stack"] == []

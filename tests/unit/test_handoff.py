@@ -77,8 +77,11 @@ async def test_handoff_pushes_a_frame_and_says_so_once(env: NodeEnv) -> None:
         "step_index": 3,
         "depth": 1,
     }
-    events = [e for e in await env.store.list_events(env.run_id) if e.type == "handoff"]
-    assert [(e.data["phase"], e.data["handoff_id"]) for e in events] == [("start", hid)]
+    events = [e for e in await env.store.list_events(env.run_id) if "handoff" in e.data]
+    assert [(e.type, e.data["handoff"]["phase"], e.data["tool_call_id"]) for e in events] == [
+        ("action", "start", hid)
+    ]
+    assert events[0].data["tool"] == "handoff_to_writer"
 
 
 async def test_handoff_to_an_undeclared_agent_is_an_observation(env: NodeEnv) -> None:
@@ -98,7 +101,7 @@ async def test_handoff_to_an_undeclared_agent_is_an_observation(env: NodeEnv) ->
     errors = [e.data for e in await env.store.list_events(env.run_id) if e.type == "error"]
     # Both refusals answer step 0's handoff: one error event, as for a replayed node.
     assert [(e["code"], e["handoff_id"]) for e in errors] == [("AGENT_NOT_FOUND", hid)]
-    assert not [e for e in await env.store.list_events(env.run_id) if e.type == "handoff"]
+    assert not [e for e in await env.store.list_events(env.run_id) if "handoff" in e.data]
 
 
 async def test_handoff_depth_is_bounded(env: NodeEnv) -> None:
@@ -165,8 +168,12 @@ async def test_handback_pops_the_frame_and_answers_the_callers_step(env: NodeEnv
     assert (back["step_index"], back["tool_call_id"]) == (3, "ho-inner")
     assert back["tool"] == handoff_tool("writer") and back["status"] == "succeeded"
     assert back["output"] == {"answer": "written", "data": {"n": 1}, "artifacts": [art]}
-    [event] = [e for e in await env.store.list_events(env.run_id) if e.type == "handoff"]
-    assert event.data["phase"] == "return" and event.data["to_agent"] == "boss"
+    [event] = [e for e in await env.store.list_events(env.run_id) if "handoff" in e.data]
+    assert event.type == "result" and event.data["tool_call_id"] == "ho-inner"
+    assert (event.data["tool"], event.data["status"]) == (handoff_tool("writer"), "succeeded")
+    assert event.data["artifact_id"] == art and event.data["output"] == "written"
+    move = event.data["handoff"]
+    assert (move["phase"], move["from_agent"], move["to_agent"]) == ("return", "writer", "boss")
 
 
 async def test_handback_refused_while_an_approval_is_open(env: NodeEnv) -> None:
