@@ -38,6 +38,7 @@ from runtime.eventbus import EventBus
 from runtime.ids import content_hash, new_run_id
 from runtime.lifecycle import TERMINAL, State
 from runtime.model import Approval, ApprovalDecision, Run, RunCreate, Usage, utcnow
+from runtime.retry import DriveRetry, after_failed_drive
 from runtime.store.base import LeaseLost, RunStore
 from runtime.tooling import ToolResolver
 
@@ -72,7 +73,9 @@ class Engine:
         bus: EventBus | None = None,
         owner: str | None = None,
         lease_s: float = 30.0,
+        retry: DriveRetry | None = None,
     ) -> None:
+        """``retry``: what becomes of a run whose drives end on database errors."""
         if default_agent not in agents:
             raise ValueError(f"default agent {default_agent!r} is not registered")
         self.store = store
@@ -83,6 +86,7 @@ class Engine:
         self.bus = bus or EventBus()
         self.owner = owner or default_owner()
         self.lease_s = lease_s
+        self.retry = retry or DriveRetry()
         self.graphs = {
             agent_id: spec.builder.compile(checkpointer=checkpointer, name=agent_id)
             for agent_id, spec in self.agents.items()
@@ -166,16 +170,19 @@ class Engine:
     async def _drive(self, run_id: str, version: int) -> None:
         store = self.store.fenced(run_id, version)
         release: bool | None = None  # needs_drive after release; None: leave as is
+        retry_in: float | None = None  # the drive failed: when the run may be driven again
+        failures = 0  # drives in a row before this one that failed
         try:
             found = await store.get_run_to_drive(run_id)
-            if found is not None and found[1] is not None:
-                await finish_cancel(store, self._tools_of, run_id, *found[1])
-            elif found is not None and found[0].state not in TERMINAL:
+            failures = found.failures if found is not None else 0
+            if found is not None and found.cancel is not None:
+                await finish_cancel(store, self._tools_of, run_id, *found.cancel)
+            elif found is not None and found.run.state not in TERMINAL:
                 try:
                     # Lease versions count every grant: a pending run's first has no
                     # checkpoint to read. (Not a run an upgrade gave its first lease.)
-                    first = version == 1 and found[0].state is State.PENDING
-                    await self._drive_graph(store, found[0], first_lease=first)
+                    first = version == 1 and found.run.state is State.PENDING
+                    await self._drive_graph(store, found.run, first_lease=first)
                 except BaseException:
                     await asyncio.shield(settle_checkpointer(self.checkpointer))
                     raise
@@ -195,25 +202,26 @@ class Engine:
                 await asyncio.shield(_flush_quietly(store))
                 await asyncio.shield(self._release(run_id, version, True))
                 raise
-        except TRANSIENT_DB_ERRORS:
-            log.exception("database error while driving %s; it will be retried", run_id)
-            release = True
+        except TRANSIENT_DB_ERRORS as exc:
+            retry_in = await after_failed_drive(store, run_id, failures + 1, exc, self.retry)
         except Exception as exc:
             log.exception("run %s failed", run_id)
             try:
                 await fail_run(store, run_id, Code.INTERNAL_ERROR, repr(exc))
             except Exception:
                 log.exception("could not record the failure of %s; handing it back", run_id)
-                release = True
+                retry_in = self.retry.delay(failures + 1)
         finally:
             self._cancelling.discard(run_id)
         await asyncio.shield(_flush_quietly(store))
-        await asyncio.shield(self._release(run_id, version, release))
+        await asyncio.shield(self._release(run_id, version, release, retry_in))
 
-    async def _release(self, run_id: str, version: int, needs_drive: bool | None) -> None:
+    async def _release(
+        self, run_id: str, version: int, needs_drive: bool | None, retry_in: float | None = None
+    ) -> None:
         with contextlib.suppress(*TRANSIENT_DB_ERRORS):
             pending = await self.store.release_lease(
-                run_id, self.owner, version, needs_drive=needs_drive
+                run_id, self.owner, version, needs_drive=needs_drive, retry_in=retry_in
             )
             if pending:
                 # Decided, cancelled or handed back while we drove it: a worker (this

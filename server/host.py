@@ -13,6 +13,7 @@ from runtime.agent import AgentSpec
 from runtime.backend import open_backend
 from runtime.engine import Engine
 from runtime.eventbus import EventBus
+from runtime.retry import DriveRetry
 from runtime.store.base import RunStore
 from runtime.store.leases import CANCEL_CHANNEL, EVENTS_CHANNEL, WORK_CHANNEL
 from runtime.store.postgres import listen
@@ -55,6 +56,7 @@ async def open_host(
         maxima=settings.maxima(),
         bus=bus,
         lease_s=settings.lease_seconds,
+        retry=DriveRetry(settings.max_drive_failures, settings.drive_retry_seconds),
     )
     listener = None
     if url.startswith(("postgresql://", "postgres://")):

@@ -57,6 +57,12 @@ class Settings(BaseSettings):
     sse_keepalive_s: float = 15.0
     lease_seconds: float = 30.0
     """How long a worker's claim on a run lasts without a heartbeat (renewed every third)."""
+    max_drive_failures: int = Field(default=5, ge=1)
+    """Drives of a run in a row that may end on a database error (a checkpoint that
+    cannot be written) before the run fails with CHECKPOINT_ERROR."""
+    drive_retry_seconds: float = Field(default=1.0, gt=0)
+    """The wait before driving such a run again; doubled after each further failure, up
+    to a minute."""
     worker_concurrency: int = 8
     """Runs one process drives at once."""
     shutdown_grace_s: float = 10.0

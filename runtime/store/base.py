@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
@@ -62,7 +62,17 @@ RUN_COLUMNS = (
 )
 
 
-__all__ = ["LeaseLost", "Row", "RunStore", "Tx"]
+__all__ = ["DriveStart", "LeaseLost", "Row", "RunStore", "Tx"]
+
+
+class DriveStart(NamedTuple):
+    """What a drive reads before it starts."""
+
+    run: Run
+    cancel: tuple[str, bool] | None
+    """The cancel request, if any: (reason, compensate)."""
+    failures: int
+    """Drives in a row before this one that ended on a database error."""
 
 
 class RunStore(
@@ -249,13 +259,17 @@ class RunStore(
             row = await tx.fetchone("SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,))
         return _cancel_intent(row["cancel_requested"]) if row is not None else None
 
-    async def get_run_to_drive(self, run_id: str) -> tuple[Run, tuple[str, bool] | None] | None:
-        """The run and its cancel request (see :meth:`cancel_requested`), in one read."""
+    async def get_run_to_drive(self, run_id: str) -> DriveStart | None:
+        """The run, its cancel request and its failed drives in a row, in one read."""
         async with self.read() as tx:
             row = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
         if row is None:
             return None
-        return Run.model_validate(_dec(row)), _cancel_intent(row["cancel_requested"])
+        return DriveStart(
+            Run.model_validate(_dec(row)),
+            _cancel_intent(row["cancel_requested"]),
+            int(row["drive_failures"]),
+        )
 
     async def append_event(
         self, run_id: str, type_: EventType, data: dict[str, Any], dedupe_key: str | None = None

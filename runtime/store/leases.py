@@ -66,15 +66,34 @@ class LeaseQueries(StoreCore):
         return held
 
     async def release_lease(
-        self, run_id: str, owner: str, version: int, *, needs_drive: bool | None
+        self,
+        run_id: str,
+        owner: str,
+        version: int,
+        *,
+        needs_drive: bool | None,
+        retry_in: float | None = None,
     ) -> bool | None:
         """Give the run back; ``needs_drive`` None leaves the flag as it is.
+
+        ``retry_in``: the drive failed on a database error; the run is driven again
+        (by any worker) no sooner than this many seconds from now, and the failure is
+        counted in ``drive_failures``. Without it the count starts again from zero.
 
         Returns whether the run needs driving now (someone may have set the flag while
         we drove it: a decision, a cancel), or None if the lease was no longer ours.
         """
-        sets = "lease_owner = NULL, lease_expires_at = NULL"
         params: list[Any] = []
+        if retry_in is None:
+            sets = "lease_owner = NULL, lease_expires_at = NULL, drive_failures = 0"
+        else:
+            # An unowned run whose lease_expires_at is ahead: no claim takes it before.
+            sets = (
+                f"lease_owner = NULL, lease_expires_at = {self.now_sql} + ?, "
+                "drive_failures = drive_failures + 1"
+            )
+            params.append(retry_in)
+            needs_drive = True
         if needs_drive is not None:
             sets += ", needs_drive = ?"
             params.append(int(needs_drive))

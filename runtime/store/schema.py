@@ -134,4 +134,9 @@ MIGRATIONS: list[list[str]] = [
         # every parked run.
         "CREATE INDEX IF NOT EXISTS approvals_run ON approvals (run_id, created_at)",
     ],
+    [
+        # Drives in a row that ended on a database error (runtime.engine): a failure
+        # that lasts ends the run with CHECKPOINT_ERROR instead of being retried forever.
+        "ALTER TABLE runs ADD COLUMN drive_failures INTEGER NOT NULL DEFAULT 0",
+    ],
 ]

@@ -304,3 +304,25 @@ async def test_a_sqlite_write_waits_for_a_write_lock_another_connection_holds(
     finally:
         other.close()
         await store.close()
+
+
+async def test_a_failed_drive_is_claimable_again_only_after_its_backoff(
+    backend: object, make_run: MakeRun
+) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+    [(run_id, version)] = await store.claim_runs("w1", 10, 30.0)
+    assert run_id == run.run_id
+
+    assert await store.release_lease(run_id, "w1", version, needs_drive=None, retry_in=0.3)
+    assert await store.claim_runs("w2", 10, 30.0) == []  # backing off
+    found = await store.get_run_to_drive(run_id)
+    assert found is not None and found.failures == 1
+    await asyncio.sleep(0.35)
+    [(_, again)] = await store.claim_runs("w2", 10, 30.0)
+    assert again == version + 1
+
+    # A drive that ends without failing starts the count again.
+    await store.release_lease(run_id, "w2", again, needs_drive=True)
+    found = await store.get_run_to_drive(run_id)
+    assert found is not None and found.failures == 0
