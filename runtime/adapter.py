@@ -48,7 +48,9 @@ async def side_effects(store: RunStore, run_id: str) -> tuple[list[str], list[st
         for r in rows
         if r.side_effect
         and (
-            r.status in ("succeeded", "unknown", "cancelled")
+            r.status in ("succeeded", "unknown")
+            # Cut off by a cancel: it may have taken effect, unless reconcile said not.
+            or (r.status == "cancelled" and (r.error or {}).get("took_effect") is not False)
             # A handler that started and then failed may have done its effect first.
             or (r.status == "failed" and r.attempts > 0 and (r.error or {}).get("code") in maybe)
         )

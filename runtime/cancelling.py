@@ -9,10 +9,11 @@ import logging
 from collections.abc import Callable
 
 from runtime.adapter import fail_run, side_effects
-from runtime.errors import Code
-from runtime.ledger import StoreArtifacts
+from runtime.errors import CODES, Code
+from runtime.events import EventType
+from runtime.ledger import StoreArtifacts, scrub, secret_values, settle_cut_off
 from runtime.lifecycle import TERMINAL
-from runtime.model import Run
+from runtime.model import Run, ToolCall
 from runtime.store.base import RunStore
 from runtime.tooling import ToolContext, ToolResolver
 
@@ -28,13 +29,36 @@ async def finish_cancel(
     run = await store.get_run(run_id)
     if run is None or run.state in TERMINAL:
         return
+    tools = tools_of(run.agent_id)
+    await settle_running_calls(store, tools, run)
     await store.interrupt_running_calls(run_id, Code.RUN_CANCELLED, "cancelled while running")
-    compensated = (
-        await compensate_effects(store, tools_of(run.agent_id), run) if compensate else None
-    )
+    compensated = await compensate_effects(store, tools, run) if compensate else None
     await fail_run(
         store, run_id, Code.RUN_CANCELLED, reason or "cancelled", compensations=compensated
     )
+
+
+def tool_context(store: RunStore, run: Run, row: ToolCall) -> ToolContext:
+    return ToolContext(
+        run_id=run.run_id,
+        tool_call_id=row.tool_call_id,
+        idempotency_key=row.idempotency_key,
+        context=run.context,
+        artifacts=StoreArtifacts(store, run.run_id),
+    )
+
+
+async def settle_running_calls(store: RunStore, tools: ToolResolver, run: Run) -> None:
+    """Side effects the cancel cut off mid-call: where the tool can say whether the
+    effect took place, the ledger records which (:func:`runtime.ledger.settle_cut_off`)."""
+    for row in await store.list_tool_calls(run.run_id):
+        if row.status != "running" or not row.side_effect or row.attempts == 0:
+            continue
+        spec = tools.resolve(row.tool, row.version)
+        if spec is None or spec.reconcile is None:
+            continue
+        args = spec.args_model.model_validate(row.args)
+        await settle_cut_off(store, spec, row, args, tool_context(store, run, row))
 
 
 async def compensate_effects(store: RunStore, tools: ToolResolver, run: Run) -> list[str]:
@@ -49,18 +73,25 @@ async def compensate_effects(store: RunStore, tools: ToolResolver, run: Run) -> 
             continue
         if not await store.claim_compensation(row.tool_call_id):
             continue
-        tctx = ToolContext(
-            run_id=run.run_id,
-            tool_call_id=row.tool_call_id,
-            idempotency_key=row.idempotency_key,
-            context=run.context,
-            artifacts=StoreArtifacts(store, run.run_id),
-        )
+        tctx = tool_context(store, run, row)
         try:
             await spec.compensate(spec.args_model.model_validate(row.args), row.output, tctx)
-        except Exception:
+        except Exception as exc:
             log.exception("compensation of %s failed", row.tool_call_id)
             await store.release_compensation(row.tool_call_id, done=False)
+            # The record says which compensations ran, and which were tried and failed.
+            secrets = secret_values(spec, spec.args_model.model_validate(row.args))
+            await store.append_event(
+                run.run_id,
+                EventType.ERROR,
+                {
+                    "code": Code.COMPENSATION_FAILED,
+                    "message": scrub(f"{spec.ref} compensate: {exc!r}", secrets),
+                    "tool_call_id": row.tool_call_id,
+                    "recovery": CODES[Code.COMPENSATION_FAILED].recovery,
+                },
+                dedupe_key=f"compensation-failed:{row.tool_call_id}",
+            )
             continue
         await store.release_compensation(row.tool_call_id, done=True)
         done.append(row.tool_call_id)

@@ -31,7 +31,7 @@ from runtime.adapter import Adapter, fail_run
 from runtime.agent import AgentSpec
 from runtime.backend import settle_checkpointer
 from runtime.budget import Maxima, effective_limits
-from runtime.cancelling import finish_cancel
+from runtime.cancelling import finish_cancel, settle_running_calls
 from runtime.context import Context
 from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
@@ -302,6 +302,7 @@ class Engine:
                 await store.update_run(
                     run_id, usage=usage.model_copy(update={"active_s": ctx.active_s()}).model_dump()
                 )
+                await settle_running_calls(store, self._tools_of(run.agent_id), run)
                 await fail_run(
                     store,
                     run_id,

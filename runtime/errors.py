@@ -31,6 +31,7 @@ class Code(StrEnum):
     TOOL_BUSINESS_ERROR = "TOOL_BUSINESS_ERROR"
     TOOL_OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
     TOOL_FAILED = "TOOL_FAILED"
+    COMPENSATION_FAILED = "COMPENSATION_FAILED"
     PLANNER_ERROR = "PLANNER_ERROR"
     RUN_BUDGET_EXCEEDED = "RUN_BUDGET_EXCEEDED"
     RUN_CANCELLED = "RUN_CANCELLED"
@@ -79,6 +80,7 @@ CODES: dict[Code, CodeInfo] = {
     C.TOOL_BUSINESS_ERROR: CodeInfo("Business state forbids the action", R.REPLAN, 409),
     C.TOOL_OUTCOME_UNKNOWN: CodeInfo("A side effect may or may not have happened", R.HUMAN, 409),
     C.TOOL_FAILED: CodeInfo("Tool failed unexpectedly", R.NONE, 500),
+    C.COMPENSATION_FAILED: CodeInfo("A compensation failed: its side effect stands", R.HUMAN, 500),
     C.PLANNER_ERROR: CodeInfo("The planner failed", R.NONE, 500, Trigger.PLAN_ERROR),
     C.RUN_BUDGET_EXCEEDED: CodeInfo("Run budget exhausted", R.HUMAN, 429, Trigger.BUDGET_EXCEEDED),
     C.RUN_CANCELLED: CodeInfo("Run cancelled", R.COMPENSATE, 409, Trigger.CANCEL),

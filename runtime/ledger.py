@@ -224,6 +224,32 @@ async def _finish(
     )
 
 
+async def settle_cut_off(
+    store: NodeStore, spec: ToolSpec, row: ToolCall, args: BaseModel, tctx: ToolContext
+) -> ToolCall | None:
+    """Close a side-effecting call a cancel cut off mid-handler, by asking the real
+    system what happened (the tool's ``reconcile``): succeeded with its output if the
+    effect took place, so it is reported and can be compensated; cancelled with
+    ``took_effect: False`` in its error if it did not. None where nobody can tell (no
+    reconcile, or it failed): the caller records an effect that may have happened.
+    """
+    if spec.reconcile is None:
+        return None
+    try:
+        found = await _reconcile(spec, args, tctx)
+    except Exception as exc:
+        log.warning("reconcile of %s after a cancel failed: %s", row.tool_call_id, exc)
+        return None
+    if found is not None:
+        return await _finish(store, row, "succeeded", found, None, 0, tctx.artifacts)
+    error = {
+        "code": Code.RUN_CANCELLED,
+        "message": "cancelled while running; reconcile found that it took no effect",
+        "took_effect": False,
+    }
+    return await _finish(store, row, "cancelled", None, error, 0, tctx.artifacts)
+
+
 async def _await_other_driver(store: NodeStore, row: ToolCall, spec: ToolSpec) -> ToolCall:
     """Another driver claimed this call a moment ago: wait for its outcome, never re-run it."""
     deadline = spec.timeout_s * spec.max_attempts + BACKOFF_MAX_S * spec.max_attempts

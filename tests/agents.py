@@ -38,6 +38,24 @@ class SleepArgs(BaseModel):
     seconds: float = Field(ge=0, le=120)
 
 
+class TransferArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    amount: int = Field(ge=1)
+    hold_s: float = Field(ge=0, le=120)
+    """How long the call stays open around its effect."""
+    effect_first: bool = True
+    """Whether the effect happens when the call starts (else when it ends)."""
+
+
+UNREFUNDABLE = 13
+"""A transfer of this amount cannot be compensated: its refund fails."""
+
+
+def transfer_lines(data_dir: Path) -> list[str]:
+    path = data_dir / "transfer.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
 def counter_lines(data_dir: Path) -> list[str]:
     path = data_dir / "counter.log"
     return path.read_text().splitlines() if path.exists() else []
@@ -64,6 +82,28 @@ def build_tools(data_dir: Path) -> ToolRegistry:
         await asyncio.sleep(float(os.environ.get("TEST_SLEEP_OVERRIDE", args.seconds)))
         return {"slept": args.seconds}
 
+    def record_transfer(ctx: ToolContext, what: str) -> None:
+        with (data_dir / "transfer.log").open("a") as fh:
+            fh.write(f"{ctx.idempotency_key} {what}\n")
+
+    async def transfer(args: TransferArgs, ctx: ToolContext) -> dict[str, object]:
+        # A remote system's effect, keyed by the idempotency key, which reconcile looks up.
+        if args.effect_first:
+            record_transfer(ctx, str(args.amount))
+        await asyncio.sleep(args.hold_s)
+        if not args.effect_first:
+            record_transfer(ctx, str(args.amount))
+        return {"transferred": args.amount}
+
+    async def find_transfer(args: TransferArgs, ctx: ToolContext) -> dict[str, object] | None:
+        done = any(line.split()[0] == ctx.idempotency_key for line in transfer_lines(data_dir))
+        return {"transferred": args.amount} if done else None
+
+    async def refund(args: TransferArgs, output: object, ctx: ToolContext) -> None:
+        if args.amount == UNREFUNDABLE:
+            raise RuntimeError(f"the bank refused to refund {args.amount}")
+        record_transfer(ctx, "refund")
+
     async def flaky(args: SleepArgs, ctx: ToolContext) -> dict[str, object]:
         with (data_dir / "flaky.log").open("a") as fh:
             fh.write(f"{ctx.tool_call_id}\n")
@@ -84,6 +124,18 @@ def build_tools(data_dir: Path) -> ToolRegistry:
             ),
             ToolSpec("sleep", "1", "Sleep (idempotent).", SleepArgs, sleep, timeout_s=60),
             ToolSpec("flaky", "1", "Always unavailable.", SleepArgs, flaky, max_attempts=3),
+            ToolSpec(
+                "transfer",
+                "1",
+                "Move money (non-idempotent; reconcilable; compensable by a refund).",
+                TransferArgs,
+                transfer,
+                side_effect=True,
+                idempotent=False,
+                timeout_s=120,
+                reconcile=find_transfer,
+                compensate=refund,
+            ),
         ]
     )
 
@@ -142,6 +194,20 @@ def slow_worker(view: PlannerView) -> Decision:
     return finish("slept")
 
 
+def transferrer(view: PlannerView) -> Decision:
+    """One transfer held open for the seconds its input says, its effect "first" or
+    "last", of 5 or the amount given (input "first 30", "first 30 13"), then finish."""
+    when, seconds, *amount = view.input.split()
+    if not view.observations:
+        return call(
+            "transfer",
+            amount=int(amount[0]) if amount else 5,
+            hold_s=float(seconds),
+            effect_first=when == "first",
+        )
+    return finish("transferred")
+
+
 def broken(view: PlannerView) -> Decision:
     return call("flaky", seconds=0)
 
@@ -175,6 +241,7 @@ SCRIPTS: dict[str, Script] = {
     "typo_fixer": typo_fixer,
     "stubborn": stubborn,
     "slow_worker": slow_worker,
+    "transferrer": transferrer,
     "broken": broken,
     "wanderer": wanderer,
 }

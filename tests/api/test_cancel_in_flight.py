@@ -1,0 +1,87 @@
+"""A cancel that cuts a side effect off mid-call (DESIGN §7): the record says whether it
+took effect, where the tool can tell (``reconcile``), and compensates it if asked.
+
+``transfer`` (tests.agents) is a non-idempotent call held open for a while: its
+effect lands when it starts ("first") or would land when it ends ("last").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.agents import UNREFUNDABLE, transfer_lines
+from tests.api.conftest import Api
+
+
+def transfer_started(event: dict[str, Any]) -> bool:
+    return bool(event["type"] == "action" and event["data"]["tool"] == "transfer")
+
+
+async def cancel_mid_transfer(
+    api: Api, when: str, amount: int = 5, **body: Any
+) -> tuple[dict[str, Any], Any]:
+    run = await api.create(agent_id="transferrer", input=f"{when} 30 {amount}")
+    run_id = run["run_id"]
+    await api.wait_event(run_id, transfer_started)
+    resp = await api.client.post(f"/runs/{run_id}/cancel", json={"reason": "stop", **body})
+    assert resp.status_code == 200, resp.text
+    [call] = (await api.client.get(f"/runs/{run_id}/tool-calls")).json()
+    return resp.json(), call
+
+
+async def test_an_effect_that_took_place_is_recorded_and_compensated(api: Api) -> None:
+    final, call = await cancel_mid_transfer(api, "first", compensate=True)
+
+    assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
+    # The real system says it happened: the ledger records it as done, with its output.
+    assert call["status"] == "succeeded" and call["output"] == {"transferred": 5}
+    assert final["outcome"]["side_effects"] == [call["tool_call_id"]]
+    assert final["outcome"]["compensations"] == [call["tool_call_id"]]
+    assert call["compensated"] is True
+    key = call["idempotency_key"]
+    assert transfer_lines(api.settings.data_dir) == [f"{key} 5", f"{key} refund"]
+
+
+async def test_an_effect_that_did_not_take_place_is_not_reported(api: Api) -> None:
+    final, call = await cancel_mid_transfer(api, "last", compensate=True)
+
+    assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
+    assert call["status"] == "cancelled"
+    assert call["error"]["code"] == "RUN_CANCELLED" and call["error"]["took_effect"] is False
+    assert final["outcome"]["side_effects"] == []
+    assert final["outcome"]["compensations"] == []
+    assert transfer_lines(api.settings.data_dir) == []  # and no refund of nothing
+
+
+async def test_without_compensation_the_effect_is_still_reported(api: Api) -> None:
+    final, call = await cancel_mid_transfer(api, "first")
+
+    assert call["status"] == "succeeded"
+    assert final["outcome"]["side_effects"] == [call["tool_call_id"]]
+    assert final["outcome"]["compensations"] == []
+    assert transfer_lines(api.settings.data_dir) == [f"{call['idempotency_key']} 5"]
+
+
+async def test_a_timeout_that_cuts_an_effect_off_records_it_too(api: Api) -> None:
+    run = await api.create(
+        agent_id="transferrer", input="first 30", options={"budget": {"timeout_s": 0.5}}
+    )
+    final = await api.settle(run["run_id"])
+
+    assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
+    [call] = (await api.client.get(f"/runs/{run['run_id']}/tool-calls")).json()
+    assert call["status"] == "succeeded" and call["output"] == {"transferred": 5}
+    assert final["outcome"]["side_effects"] == [call["tool_call_id"]]
+
+
+async def test_a_compensation_that_fails_is_on_the_record(api: Api) -> None:
+    final, call = await cancel_mid_transfer(api, "first", amount=UNREFUNDABLE, compensate=True)
+
+    assert final["outcome"]["side_effects"] == [call["tool_call_id"]]
+    assert final["outcome"]["compensations"] == []  # tried, not done
+    assert call["compensated"] is False
+    events = (await api.client.get(f"/runs/{final['run_id']}/trace")).json()["events"]
+    errors = [e["data"] for e in events if e["type"] == "error"]
+    failed = [e for e in errors if e["code"] == "COMPENSATION_FAILED"]
+    assert [e["tool_call_id"] for e in failed] == [call["tool_call_id"]]
+    assert "refused to refund 13" in failed[0]["message"] and failed[0]["recovery"] == "human"
