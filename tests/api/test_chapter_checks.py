@@ -207,6 +207,21 @@ async def test_7_active_time_budget_stops_a_hanging_tool(api: Api) -> None:
     assert "timeout_s" in final["outcome"]["message"]
 
 
+async def test_7_time_parked_for_a_human_is_not_active_time(api: Api) -> None:
+    budget = 2.0
+    run = await api.create(options={"budget": {"timeout_s": budget}})
+    run_id = run["run_id"]
+    await api.wait_event(run_id, lambda e: e["data"].get("to") == "waiting_human")
+    parked = (await api.client.get(f"/runs/{run_id}")).json()
+    await asyncio.sleep(budget + 0.5)  # the human takes longer than the whole budget
+    approved = await api.decide(run_id, parked["pending_approval"]["approval_id"], "approve")
+    assert approved.is_success, approved.text
+
+    final = await api.settle(run_id)
+    assert final["state"] == "succeeded", final["outcome"]
+    assert 0 < final["usage"]["active_s"] < budget
+
+
 async def test_7_cancel_with_compensation_records_what_ran(api: Api) -> None:
     run = await api.create(agent_id="slow_worker", input="sleep 30")
     run_id = run["run_id"]
