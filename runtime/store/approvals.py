@@ -8,7 +8,14 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
 from runtime.model import Approval, ApprovalDecision
-from runtime.store.core import WORK_CHANNEL, StoreCore, _dec, _ts
+from runtime.store.core import (
+    WORK_CHANNEL,
+    StoreCore,
+    _dec,
+    _ts,
+    decode_cursor,
+    encode_cursor,
+)
 
 
 class ApprovalQueries(StoreCore):
@@ -49,6 +56,22 @@ class ApprovalQueries(StoreCore):
         tenant_id: str | None = None,
         limit: int = 100,
     ) -> list[Approval]:
+        page, _ = await self.page_approvals(
+            status=status, run_id=run_id, tenant_id=tenant_id, limit=limit
+        )
+        return page
+
+    async def page_approvals(
+        self,
+        *,
+        status: str | None = None,
+        run_id: str | None = None,
+        tenant_id: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> tuple[list[Approval], str | None]:
+        """Oldest first (an inbox is worked through from its oldest); the cursor of the
+        next page, None on the last one."""
         where, params = ["1 = 1"], []
         if tenant_id is not None:
             where.append("run_id IN (SELECT run_id FROM runs WHERE tenant_id = ?)")
@@ -59,13 +82,21 @@ class ApprovalQueries(StoreCore):
         if run_id:
             where.append("run_id = ?")
             params.append(run_id)
+        if cursor:
+            created, approval_id = decode_cursor(cursor)
+            where.append("(created_at > ? OR (created_at = ? AND approval_id > ?))")
+            params += [created, created, approval_id]
         async with self.read(runs=False) as tx:
             rows = await tx.fetchall(
                 f"SELECT * FROM approvals WHERE {' AND '.join(where)} "
                 "ORDER BY created_at, approval_id LIMIT ?",
-                [*params, limit],
+                [*params, limit + 1],
             )
-        return [Approval.model_validate(_dec(r)) for r in rows]
+        page = [Approval.model_validate(_dec(r)) for r in rows[:limit]]
+        if len(rows) <= limit:
+            return page, None
+        last = rows[limit - 1]
+        return page, encode_cursor(str(last["created_at"]), str(last["approval_id"]))
 
     async def decide_approval(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
@@ -28,15 +28,27 @@ class DecisionRequest(Strict):
 
 @router.get("/approvals", response_model=list[Approval])
 async def list_approvals(
+    request: Request,
+    response: Response,
     store: StoreDep,
     principal: PrincipalDep,
     state: ApprovalStatus | None = "pending",
     run_id: Annotated[str | None, Query(max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
 ) -> list[Approval]:
-    return await store.list_approvals(
-        status=state, run_id=run_id, tenant_id=principal.tenant_id, limit=limit
+    """Oldest first. A fuller inbox than ``limit`` says where its next page is in a
+    ``Link: <…>; rel="next"`` header (RFC 8288), the list itself staying a list."""
+    page, next_cursor = await store.page_approvals(
+        status=state, run_id=run_id, tenant_id=principal.tenant_id, limit=limit, cursor=cursor
     )
+    if next_cursor is not None:
+        response.headers["Link"] = next_link(request, next_cursor)
+    return page
+
+
+def next_link(request: Request, cursor: str) -> str:
+    return f'<{request.url.include_query_params(cursor=cursor)}>; rel="next"'
 
 
 @router.post(

@@ -36,6 +36,8 @@ from server.auth import Principal
 from server.sse import event_stream
 
 MAX_SEQ = 10**15
+MAX_EVENT_PAGE = 10_000
+"""The most events one JSON page holds (the SSE stream has no such bound)."""
 router = APIRouter(tags=["runs"], responses=PROBLEM_RESPONSES)
 
 
@@ -146,7 +148,10 @@ async def run_events(
     request: Request,
     after: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
     last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_EVENT_PAGE)] = MAX_EVENT_PAGE,
 ) -> Response:
+    """SSE by default. As JSON, at most ``limit`` events after ``after``; a longer log
+    says where its next page is in a ``Link: <…>; rel="next"`` header."""
     start = after or 0
     if last_event_id is not None:
         if not re.fullmatch(r"[0-9]{1,15}", last_event_id):
@@ -155,8 +160,12 @@ async def run_events(
     if "application/json" in request.headers.get("accept", "") and (
         "text/event-stream" not in request.headers.get("accept", "")
     ):
-        events = await services.store.list_events(run.run_id, start, limit=100_000)
-        return JSONResponse([e.model_dump(mode="json") for e in events])
+        events = await services.store.list_events(run.run_id, start, limit=limit + 1)
+        page = JSONResponse([e.model_dump(mode="json") for e in events[:limit]])
+        if len(events) > limit:
+            url = request.url.include_query_params(after=events[limit - 1].seq)
+            page.headers["Link"] = f'<{url}>; rel="next"'
+        return page
     release = services.streams.acquire(
         (principal.tenant_id, principal.user_id), services.settings.max_streams_per_principal
     )

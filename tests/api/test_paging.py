@@ -1,0 +1,72 @@
+"""Long lists come in pages: the approval inbox and a run's event log as JSON.
+
+Both stay JSON lists (as DESIGN §5 has them); a page that is not the last says
+where the next one is in a ``Link: <…>; rel="next"`` header (RFC 8288).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from tests.api.conftest import Api
+from tests.api.helpers import parked_demo_run, problem
+
+JSON = {"Accept": "application/json"}
+
+
+def next_url(resp: httpx.Response) -> str | None:
+    link = resp.headers.get("Link")
+    if link is None:
+        return None
+    found = re.fullmatch(r'<([^>]+)>; rel="next"', link)
+    assert found, link
+    return found.group(1)
+
+
+async def follow(api: Api, url: str, headers: dict[str, str] | None = None) -> list[list[Any]]:
+    """Every page from ``url`` on, following the Link headers."""
+    pages: list[list[Any]] = []
+    next_page: str | None = url
+    while next_page is not None:
+        resp = await api.client.get(next_page, headers=headers)
+        assert resp.status_code == 200, resp.text
+        pages.append(resp.json())
+        next_page = next_url(resp)
+    return pages
+
+
+async def test_the_approval_inbox_pages_oldest_first(api: Api) -> None:
+    parked = [(await parked_demo_run(api))[1] for _ in range(3)]
+
+    pages = await follow(api, "/approvals?limit=2")
+
+    assert [len(p) for p in pages] == [2, 1]
+    assert [a["approval_id"] for p in pages for a in p] == parked
+    whole = (await api.client.get("/approvals")).json()
+    assert [a["approval_id"] for a in whole] == parked
+    assert next_url(await api.client.get("/approvals")) is None
+
+
+async def test_a_bad_cursor_is_a_422(api: Api) -> None:
+    problem(await api.client.get("/approvals?cursor=not-a-cursor"), 422, "VALIDATION_ERROR")
+
+
+async def test_the_event_log_pages_by_seq(api: Api) -> None:
+    run_id, _, _ = await parked_demo_run(api)
+    whole = (await api.client.get(f"/runs/{run_id}/events", headers=JSON)).json()
+    assert len(whole) > 7
+
+    pages = await follow(api, f"/runs/{run_id}/events?limit=3", JSON)
+
+    assert all(len(p) == 3 for p in pages[:-1]) and 1 <= len(pages[-1]) <= 3
+    assert [e for p in pages for e in p] == whole
+    after = await api.client.get(f"/runs/{run_id}/events?after=5&limit=2", headers=JSON)
+    assert [e["seq"] for e in after.json()] == [6, 7]
+    problem(
+        await api.client.get(f"/runs/{run_id}/events?limit=0", headers=JSON),
+        422,
+        "VALIDATION_ERROR",
+    )
