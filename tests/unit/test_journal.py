@@ -8,6 +8,7 @@ it is written on its own shortly after; a view whose lease is gone writes nothin
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -247,11 +248,10 @@ async def test_a_timer_that_keeps_failing_backs_off(
     stale_journal = stale._journal
     assert stale_journal is not None
     flush = stale_journal._flush
-    attempts = 0
+    attempts: list[float] = []
 
     async def counted() -> None:
-        nonlocal attempts
-        attempts += 1
+        attempts.append(asyncio.get_running_loop().time())
         await flush()
 
     stale_journal._flush = counted
@@ -259,7 +259,11 @@ async def test_a_timer_that_keeps_failing_backs_off(
     await asyncio.sleep(0.4)
     stale.close_journal()
 
-    # Every 5 ms for 0.4 s would be ~80 attempts; doubling up to 50 ms makes it ~12.
-    assert 3 <= attempts <= 25
+    # Waits of 5, 10, 20, 40, 50, 50 … ms, not 5 ms each. A timer never fires early,
+    # so a busy machine can only stretch the gaps: lower bounds hold whatever the load.
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert len(gaps) >= 3, attempts
+    assert gaps[1] >= 0.009 and gaps[2] >= 0.019, gaps
+    assert len(attempts) <= 25, gaps  # every 5 ms would be ~80
     assert len(stale_journal.pending) == 1
     assert await state_of(store, run.run_id) is State.PENDING
