@@ -13,6 +13,7 @@ from runtime.errors import Code
 from runtime.events import summarize
 from runtime.ids import call_approval_id
 from runtime.ledger import StoreArtifacts, execute_once, new_ledger_row
+from runtime.memory import Memory
 from runtime.model import RunContext, ToolCall, Usage
 from runtime.state import RunState, failed
 from runtime.tooling import ToolContext, ToolResolver
@@ -58,6 +59,9 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
         ctx = await services(runtime, state)
         context = RunContext.model_validate(state.get("context") or {})
         artifacts = StoreArtifacts(ctx.store, ctx.run_id)
+        memory = None
+        if runtime.store is not None:
+            memory = Memory(runtime.store, context.tenant_id, context.user_id)
 
         async def run_call(call: dict[str, Any]) -> ToolCall:
             spec = tools.resolve(call["tool"], call["version"])
@@ -86,6 +90,7 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
                 idempotency_key=row.idempotency_key,
                 context=context,
                 artifacts=artifacts,
+                memory=memory,
             )
             action = {
                 "tool_call_id": row.tool_call_id,

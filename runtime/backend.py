@@ -1,4 +1,4 @@
-"""Open the run store and LangGraph's checkpointer on one database URL."""
+"""Open the run store, LangGraph's checkpointer and its store on one database URL."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import aiosqlite
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.store.base import BaseStore
+from langgraph.store.postgres.aio import AsyncPostgresStore
+from langgraph.store.sqlite.aio import AsyncSqliteStore
 
 from runtime.store.base import RunStore
 from runtime.store.postgres import (
@@ -25,6 +28,8 @@ from runtime.store.sqlite import SqliteRunStore
 class Backend:
     store: RunStore
     checkpointer: BaseCheckpointSaver[str]
+    memory: BaseStore
+    """LangGraph's store: users' long-term memory (runtime.memory)."""
     close: Callable[[], Awaitable[None]]
 
 
@@ -43,19 +48,27 @@ async def open_backend(url: str) -> Backend:
         await conn.execute("PRAGMA busy_timeout=10000")
         saver = AsyncSqliteSaver(conn)
         await saver.setup()
+        # Its own connection: it commits under its own lock, like the saver.
+        memory_conn = await aiosqlite.connect(path, isolation_level=None)
+        await memory_conn.execute("PRAGMA busy_timeout=10000")
+        memory = AsyncSqliteStore(memory_conn)
+        await memory.setup()
 
         async def close_sqlite() -> None:
+            await memory_conn.close()
             await conn.close()
             await store.close()
 
-        return Backend(store, saver, close_sqlite)
+        return Backend(store, saver, memory, close_sqlite)
     if url.startswith(("postgresql://", "postgres://")):
         pool = await open_pool(url)
         pg_store = await PostgresRunStore.open(pool)
         pg_saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+        pg_memory = AsyncPostgresStore(pool)  # type: ignore[arg-type]
         async with advisory_lock(pool, CHECKPOINTER_SETUP_LOCK):
             await pg_saver.setup()
-        return Backend(pg_store, pg_saver, pg_store.close)
+            await pg_memory.setup()
+        return Backend(pg_store, pg_saver, pg_memory, pg_store.close)
     raise ValueError(f"unsupported database URL {url!r}: use sqlite:///… or postgresql://…")
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.store.base import BaseStore
 from langgraph.types import Command, StateSnapshot
 
 from runtime.adapter import Adapter, fail_run
@@ -74,8 +75,10 @@ class Engine:
         owner: str | None = None,
         lease_s: float = 30.0,
         retry: DriveRetry | None = None,
+        memory: BaseStore | None = None,
     ) -> None:
-        """``retry``: what becomes of a run whose drives end on database errors."""
+        """``retry``: what becomes of a run whose drives end on database errors;
+        ``memory``: LangGraph's store, for users' long-term memory (runtime.memory)."""
         if default_agent not in agents:
             raise ValueError(f"default agent {default_agent!r} is not registered")
         self.store = store
@@ -88,7 +91,7 @@ class Engine:
         self.lease_s = lease_s
         self.retry = retry or DriveRetry()
         self.graphs = {
-            agent_id: spec.builder.compile(checkpointer=checkpointer, name=agent_id)
+            agent_id: spec.builder.compile(checkpointer=checkpointer, store=memory, name=agent_id)
             for agent_id, spec in self.agents.items()
         }
         self.drives: dict[str, Drive] = {}

@@ -10,6 +10,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
+from runtime.memory import Memory
 from runtime.model import Artifact, RunContext
 
 Risk = Literal["low", "medium", "high"]
@@ -38,6 +39,9 @@ class ToolContext:
     """Stable across retries and restarts: a side effect keyed by it happens once."""
     context: RunContext
     artifacts: ArtifactSink
+    memory: Memory | None = None
+    """The run's user's long-term memory (runtime.memory); None where the graph runs
+    without a store."""
 
 
 Handler = Callable[[Any, ToolContext], Awaitable[Any]]

@@ -57,6 +57,7 @@ async def open_host(
         bus=bus,
         lease_s=settings.lease_seconds,
         retry=DriveRetry(settings.max_drive_failures, settings.drive_retry_seconds),
+        memory=backend.memory,
     )
     listener = None
     if url.startswith(("postgresql://", "postgres://")):

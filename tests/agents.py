@@ -47,6 +47,12 @@ class TransferArgs(BaseModel):
     """Whether the effect happens when the call starts (else when it ends)."""
 
 
+class MemoryArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    key: str = Field(min_length=1, max_length=100)
+    value: str | None = None
+
+
 UNREFUNDABLE = 13
 """A transfer of this amount cannot be compensated: its refund fails."""
 
@@ -104,6 +110,16 @@ def build_tools(data_dir: Path) -> ToolRegistry:
             raise RuntimeError(f"the bank refused to refund {args.amount}")
         record_transfer(ctx, "refund")
 
+    async def remember(args: MemoryArgs, ctx: ToolContext) -> dict[str, object]:
+        assert ctx.memory is not None, "the engine's graphs have a store"
+        await ctx.memory.put(args.key, {"value": args.value})
+        return {"remembered": args.key}
+
+    async def recall(args: MemoryArgs, ctx: ToolContext) -> dict[str, object]:
+        assert ctx.memory is not None, "the engine's graphs have a store"
+        found = await ctx.memory.get(args.key)
+        return {"value": None if found is None else found["value"]}
+
     async def flaky(args: SleepArgs, ctx: ToolContext) -> dict[str, object]:
         with (data_dir / "flaky.log").open("a") as fh:
             fh.write(f"{ctx.tool_call_id}\n")
@@ -124,6 +140,15 @@ def build_tools(data_dir: Path) -> ToolRegistry:
             ),
             ToolSpec("sleep", "1", "Sleep (idempotent).", SleepArgs, sleep, timeout_s=60),
             ToolSpec("flaky", "1", "Always unavailable.", SleepArgs, flaky, max_attempts=3),
+            ToolSpec(
+                "remember",
+                "1",
+                "Keep a value about the user for later runs.",
+                MemoryArgs,
+                remember,
+                side_effect=True,
+            ),
+            ToolSpec("recall", "1", "What was kept about the user.", MemoryArgs, recall),
             ToolSpec(
                 "transfer",
                 "1",
@@ -208,6 +233,17 @@ def transferrer(view: PlannerView) -> Decision:
     return finish("transferred")
 
 
+def rememberer(view: PlannerView) -> Decision:
+    """'remember <key> <value>' or 'recall <key>' in the user's long-term memory; its
+    answer is the value recalled."""
+    verb, key, *value = view.input.split()
+    if not view.observations:
+        if verb == "remember":
+            return call("remember", key=key, value=" ".join(value))
+        return call("recall", key=key)
+    return finish(str((view.observations[-1].output or {}).get("value")))
+
+
 def broken(view: PlannerView) -> Decision:
     return call("flaky", seconds=0)
 
@@ -242,6 +278,7 @@ SCRIPTS: dict[str, Script] = {
     "stubborn": stubborn,
     "slow_worker": slow_worker,
     "transferrer": transferrer,
+    "rememberer": rememberer,
     "broken": broken,
     "wanderer": wanderer,
 }

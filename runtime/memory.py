@@ -1,0 +1,51 @@
+"""Long-term memory: what an agent keeps about a user from one run to the next (DESIGN §6).
+
+It lives in LangGraph's ``BaseStore`` (the engine's is in the run database:
+``AsyncSqliteStore`` or ``AsyncPostgresStore``; under ``langgraph dev``, the
+server's own), under the namespace ``("memory", tenant_id, user_id, *sub)``. A run
+is handed a :class:`Memory` bound to its own tenant and user (tools get it as
+``ToolContext.memory``), so no agent can name another user's namespace.
+
+Working memory is something else: it lives in the graph state and its checkpoints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.store.base import BaseStore
+
+ROOT = "memory"
+
+
+def label(text: str) -> str:
+    """A namespace label for ``text``: BaseStore forbids "." in labels and empty ones,
+    and a tenant id may well hold a dot; escaped reversibly, so two ids never share one."""
+    return "%" + text.replace("%", "%25").replace(".", "%2E")
+
+
+class Memory:
+    """One user's long-term memory: JSON objects by key, grouped by optional sub-namespaces."""
+
+    def __init__(self, store: BaseStore, tenant_id: str, user_id: str) -> None:
+        self._store = store
+        self._prefix = (ROOT, label(tenant_id), label(user_id))
+
+    def _namespace(self, sub: tuple[str, ...]) -> tuple[str, ...]:
+        return (*self._prefix, *(label(s) for s in sub))
+
+    async def get(self, key: str, *sub: str) -> dict[str, Any] | None:
+        item = await self._store.aget(self._namespace(sub), key)
+        return None if item is None else dict(item.value)
+
+    async def put(self, key: str, value: dict[str, Any], *sub: str) -> None:
+        await self._store.aput(self._namespace(sub), key, value, index=False)
+
+    async def delete(self, key: str, *sub: str) -> None:
+        await self._store.adelete(self._namespace(sub), key)
+
+    async def items(self, *sub: str, limit: int = 100) -> dict[str, dict[str, Any]]:
+        """The memories in ``sub`` (not those of namespaces below it), by key."""
+        namespace = self._namespace(sub)
+        found = await self._store.asearch(namespace, limit=limit)
+        return {item.key: dict(item.value) for item in found if tuple(item.namespace) == namespace}
