@@ -13,13 +13,19 @@ Agents the planner may hand off to are offered as ``handoff_to_<agent_id>`` tool
 (``task``, ``data``); a call to one, alone, is a ``handoff`` decision, and the
 sub-agent's result comes back as that tool's message.
 
-Model errors propagate; the planner node records them as ``PLANNER_ERROR``.
+A transient model error (a rate limit, an overloaded or unreachable endpoint, a
+timeout) is retried a few times with backoff: nothing has acted on the answer yet,
+so asking again is safe. Other model errors, and a transient one that outlasts the
+retries, propagate; the planner node records them as ``PLANNER_ERROR``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
+import logging
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +46,25 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 SUMMARY_CHARS = 200
 MAX_OBSERVATION_CHARS = 16_000
+TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504, 529})
+"""HTTP statuses of a model endpoint worth asking again: timeouts, rate limits, overload."""
+TRANSIENT_NAMES = ("RateLimit", "Timeout", "Connection", "Overloaded", "ServiceUnavailable")
+"""Provider SDKs' exception classes for the same, whatever the SDK (openai.RateLimitError,
+anthropic.OverloadedError, httpx.ConnectTimeout …)."""
+
+log = logging.getLogger(__name__)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a model call's failure may pass if asked again."""
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return True
+    status = getattr(exc, "status_code", None)
+    if status is None:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(status, int):
+        return status in TRANSIENT_STATUS
+    return any(name in cls.__name__ for cls in type(exc).__mro__ for name in TRANSIENT_NAMES)
 
 
 class ModelOutputError(ValueError):
@@ -262,18 +287,39 @@ class ChatModelPlanner:
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
         cost_per_token: float = 0.0,
         max_observation_chars: int = MAX_OBSERVATION_CHARS,
+        max_attempts: int = 3,
+        backoff_s: float = 1.0,
     ) -> None:
+        """``max_attempts``: model calls per step when they fail transiently; the waits
+        between them start at ``backoff_s`` and double (with jitter)."""
         self.model = model
         self.system_prompt = system_prompt
         self.cost_per_token = cost_per_token
         self.max_observation_chars = max_observation_chars
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
 
     def messages(self, view: PlannerView) -> list[BaseMessage]:
         return build_messages(view, self.system_prompt, self.max_observation_chars)
 
     async def next_step(self, view: PlannerView) -> Decision:
         bound = self.model.bind_tools(tool_schemas(view.tools) + handoff_schemas(view.agents))
-        reply = await bound.ainvoke(self.messages(view))
+        messages = self.messages(view)
+        attempt = 1
+        while True:
+            try:
+                reply = await bound.ainvoke(messages)
+                break
+            except Exception as exc:
+                if attempt >= self.max_attempts or not is_transient(exc):
+                    raise
+                delay = self.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())
+                log.warning(
+                    "model call %d of %d for %s failed (%r); asking again in %.1fs",
+                    attempt, self.max_attempts, view.run_id, exc, delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+                attempt += 1
         return to_decision(reply, view.tools, self.cost_per_token, view.agents)
 
 

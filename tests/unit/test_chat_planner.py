@@ -47,6 +47,8 @@ class ScriptedChatModel(GenericFakeChatModel):
     calls: list[list[BaseMessage]] = Field(default_factory=list)
     bound: list[list[dict[str, Any]]] = Field(default_factory=list)
     fail: str | None = None
+    raises: list[Exception] = Field(default_factory=list)
+    """Raised one by one by the next calls, before any reply."""
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
         self.bound.append(list(tools))
@@ -62,6 +64,8 @@ class ScriptedChatModel(GenericFakeChatModel):
         self.calls.append(list(messages))
         if self.fail:
             raise RuntimeError(self.fail)
+        if self.raises:
+            raise self.raises.pop(0)
         return super()._generate(messages, stop, run_manager, **kwargs)
 
 
@@ -377,3 +381,42 @@ def test_the_setting_reads_its_environment_variable(monkeypatch: pytest.MonkeyPa
     assert Settings().planner_model is None
     monkeypatch.setenv("AGENT_RUNTIME_PLANNER_MODEL", "openai:gpt-4o-mini")
     assert Settings().planner_model == "openai:gpt-4o-mini"
+
+
+class RateLimitError(Exception):
+    """Named like the provider SDKs' (openai.RateLimitError): a 429."""
+
+    status_code = 429
+
+
+class BadRequestError(Exception):
+    status_code = 400
+
+
+async def test_a_transient_model_error_is_asked_again(tools: list[dict[str, Any]]) -> None:
+    model = scripted(reply(tool_call("query_sales", region="east")))
+    model.raises = [RateLimitError("slow down"), TimeoutError("read timed out")]
+    planner = ChatModelPlanner(model, backoff_s=0)
+
+    decision = await planner.next_step(view(tools))
+
+    assert decision.kind == "tool_calls" and len(model.calls) == 3
+    assert model.calls[0] == model.calls[2]  # the same question each time
+
+
+async def test_a_model_error_that_is_not_transient_is_not_retried(
+    tools: list[dict[str, Any]],
+) -> None:
+    model = scripted(reply(tool_call("query_sales", region="east")))
+    model.raises = [BadRequestError("context too long")]
+    with pytest.raises(BadRequestError):
+        await ChatModelPlanner(model, backoff_s=0).next_step(view(tools))
+    assert len(model.calls) == 1
+
+
+async def test_retries_are_bounded(tools: list[dict[str, Any]]) -> None:
+    model = scripted(reply(tool_call("query_sales", region="east")))
+    model.raises = [RateLimitError(str(i)) for i in range(5)]
+    with pytest.raises(RateLimitError, match="2"):
+        await ChatModelPlanner(model, backoff_s=0, max_attempts=3).next_step(view(tools))
+    assert len(model.calls) == 3
