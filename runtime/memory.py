@@ -16,12 +16,16 @@ from typing import Any
 from langgraph.store.base import BaseStore
 
 ROOT = "memory"
+LEAF = "="
+"""Last label of every namespace holding items. BaseStore searches by namespace prefix,
+so without it a search of one namespace would also page through those below it;
+:func:`label` never produces it (its labels start with "%")."""
 
 
 def label(text: str) -> str:
     """A namespace label for ``text``: BaseStore forbids "." in labels and empty ones,
     and a tenant id may well hold a dot; escaped reversibly, so two ids never share one."""
-    return "%" + text.replace("%", "%25").replace(".", "%2E")
+    return "%" + text.replace("%", "%25").replace(".", "%2E").replace("\x00", "%00")
 
 
 class Memory:
@@ -32,7 +36,7 @@ class Memory:
         self._prefix = (ROOT, label(tenant_id), label(user_id))
 
     def _namespace(self, sub: tuple[str, ...]) -> tuple[str, ...]:
-        return (*self._prefix, *(label(s) for s in sub))
+        return (*self._prefix, *(label(s) for s in sub), LEAF)
 
     async def get(self, key: str, *sub: str) -> dict[str, Any] | None:
         item = await self._store.aget(self._namespace(sub), key)
@@ -46,6 +50,5 @@ class Memory:
 
     async def items(self, *sub: str, limit: int = 100) -> dict[str, dict[str, Any]]:
         """The memories in ``sub`` (not those of namespaces below it), by key."""
-        namespace = self._namespace(sub)
-        found = await self._store.asearch(namespace, limit=limit)
-        return {item.key: dict(item.value) for item in found if tuple(item.namespace) == namespace}
+        found = await self._store.asearch(self._namespace(sub), limit=limit)
+        return {item.key: dict(item.value) for item in found}

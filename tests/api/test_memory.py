@@ -66,3 +66,19 @@ async def test_namespaces_cannot_be_confused_by_dots_or_escapes() -> None:
     assert await Memory(store, "a.b", "u").items("inner") == {"k": {"v": 4}}
     await Memory(store, "a.b", "u").delete("k")
     assert await Memory(store, "a.b", "u").get("k") is None
+
+
+async def test_a_namespace_lists_its_own_items_not_those_below_it(api: Api) -> None:
+    backend = await open_backend(api.settings.resolved_database_url)
+    try:
+        mine = Memory(backend.memory, "acme.com", "ann")
+        await mine.put("color", {"value": "teal"})
+        for i in range(5):  # newer, and the stores list the newest first
+            await mine.put(f"deep-{i}", {"i": i}, "projects", "p1")
+
+        # The five below do not use up the limit of the namespace above them.
+        assert await mine.items(limit=1) == {"color": {"value": "teal"}}
+        assert len(await mine.items("projects", "p1")) == 5
+        assert await mine.items("projects") == {}
+    finally:
+        await backend.close()
