@@ -15,7 +15,7 @@ from runtime.errors import CODES, Code
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger, forward_trigger
 from runtime.model import Outcome, PendingApproval, Run
-from runtime.store.base import RunStore
+from runtime.store.base import RunStore, iterate_events
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,42 @@ async def side_effects(store: RunStore, run_id: str) -> tuple[list[str], list[st
     return happened, [r.tool_call_id for r in rows if r.compensated]
 
 
+async def close_open_handoffs(store: RunStore, run_id: str, code: Code, message: str) -> None:
+    """A run ending inside a sub-agent: each handoff still open gets its ``result``, as
+    a tool call left running does, so that no ``action`` of the log stays unanswered."""
+    opened: dict[str, dict[str, Any]] = {}
+    async for event in iterate_events(store, run_id, 0):
+        if not isinstance(event.data.get("handoff"), dict):
+            continue
+        if event.type == EventType.ACTION:
+            opened[event.data["tool_call_id"]] = event.data
+        elif event.type == EventType.RESULT:
+            opened.pop(event.data["tool_call_id"], None)
+    for hid, action in reversed(opened.items()):  # the innermost first, as they unwind
+        start = action["handoff"]
+        await store.append_event(
+            run_id,
+            EventType.RESULT,
+            {
+                "tool_call_id": hid,
+                "tool": action["tool"],
+                "status": "cancelled" if code is Code.RUN_CANCELLED else "failed",
+                "output": None,
+                "artifact_id": None,
+                "error": {"code": code, "message": message},
+                "handoff": {
+                    "phase": "return",
+                    "from_agent": start["to_agent"],
+                    "to_agent": start["from_agent"],
+                    "step_index": start["step_index"],
+                    "depth": start["depth"],
+                    "artifacts": [],
+                },
+            },
+            dedupe_key=f"handoff:{hid}:return",
+        )
+
+
 async def fail_run(
     store: RunStore,
     run_id: str,
@@ -71,6 +107,7 @@ async def fail_run(
     if run is None or run.state in TERMINAL:
         return run
     await store.interrupt_running_calls(run_id, code, message)
+    await close_open_handoffs(store, run_id, code, message)
     for approval in await store.list_approvals(run_id=run_id, status="pending"):
         await store.decide_approval(
             approval.approval_id, "expired", decided_by="runtime", comment=f"run ended: {code}"

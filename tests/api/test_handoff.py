@@ -201,7 +201,13 @@ async def test_rejection_inside_the_sub_agent_fails_the_run(api: Api) -> None:
     final = await api.settle(run["run_id"])
     assert final["state"] == "failed" and final["outcome"]["code"] == "APPROVAL_REJECTED"
     events = await api.events(run["run_id"])
-    assert handoffs(events) == [("start", "retail_analyst", "report_writer")]
+    # The failure answers the handoff still open: report_writer hands back nothing.
+    assert handoffs(events) == [
+        ("start", "retail_analyst", "report_writer"),
+        ("return", "report_writer", "retail_analyst"),
+    ]
+    back = handoff_events(events)[-1]["data"]
+    assert (back["status"], back["error"]["code"]) == ("failed", "APPROVAL_REJECTED")
     assert states(events)[-2:] == ["waiting_human", "failed"]
     assert count_outbox(api.settings.resolved_demo_db) == 0
 
@@ -238,3 +244,14 @@ async def test_cancel_inside_the_sub_agent_compensates_its_side_effects(api: Api
     assert final["outcome"]["side_effects"] == [counter_id]
     assert final["outcome"]["compensations"] == [counter_id]
     assert counter_lines(api.settings.data_dir) == [f"{counter_id} once", f"{counter_id} undo"]
+    # The handoff is answered like the sleep it was running: no action left open.
+    events = (await api.client.get(f"/runs/{run_id}/trace")).json()["events"]
+    start, back = handoff_events(events)
+    assert (start["type"], back["type"]) == ("action", "result")
+    assert back["data"]["tool_call_id"] == start["data"]["tool_call_id"]
+    assert (back["data"]["status"], back["data"]["error"]["code"]) == ("cancelled", "RUN_CANCELLED")
+    assert back["data"]["handoff"]["from_agent"] == "slow_worker"
+    actions = {e["data"]["tool_call_id"] for e in events if e["type"] == "action"}
+    results = {e["data"]["tool_call_id"] for e in events if e["type"] == "result"}
+    assert actions == results
+    assert events[-1]["data"]["to"] == "failed"  # answered before the terminal event
