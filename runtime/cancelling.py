@@ -5,14 +5,19 @@ Split from the engine, which calls it from whichever drive holds the run.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+
+from langgraph.store.base import BaseStore
 
 from runtime.adapter import fail_run, side_effects
 from runtime.errors import CODES, Code
 from runtime.events import EventType
 from runtime.ledger import StoreArtifacts, scrub, secret_values, settle_cut_off
 from runtime.lifecycle import TERMINAL
+from runtime.memory import Memory
 from runtime.model import Run, ToolCall
 from runtime.store.base import RunStore
 from runtime.tooling import ToolContext, ToolResolver
@@ -21,48 +26,67 @@ log = logging.getLogger(__name__)
 
 ToolsOf = Callable[[str], ToolResolver]
 """agent_id → the tools of that agent."""
+CUT_OFF = "cancelled while running"
+
+
+@dataclass(frozen=True)
+class CallSetting:
+    """What a handler had around it, for the reconcile and compensation calls that
+    follow it: the run's agent's tools, and LangGraph's store (long-term memory)."""
+
+    tools: ToolResolver
+    memory: BaseStore | None = None
+
+    def context(self, store: RunStore, run: Run, row: ToolCall) -> ToolContext:
+        memory = self.memory
+        return ToolContext(
+            run_id=run.run_id,
+            tool_call_id=row.tool_call_id,
+            idempotency_key=row.idempotency_key,
+            context=run.context,
+            artifacts=StoreArtifacts(store, run.run_id),
+            memory=None
+            if memory is None
+            else Memory(memory, run.context.tenant_id, run.context.user_id),
+        )
 
 
 async def finish_cancel(
-    store: RunStore, tools_of: ToolsOf, run_id: str, reason: str, compensate: bool
-) -> None:
+    store: RunStore, setting_of: Callable[[str], CallSetting], run_id: str, reason: str,
+    compensate: bool,
+) -> None:  # fmt: skip
     run = await store.get_run(run_id)
     if run is None or run.state in TERMINAL:
         return
-    tools = tools_of(run.agent_id)
-    await settle_running_calls(store, tools, run)
-    await store.interrupt_running_calls(run_id, Code.RUN_CANCELLED, "cancelled while running")
-    compensated = await compensate_effects(store, tools, run) if compensate else None
+    setting = setting_of(run.agent_id)
+    await settle_running_calls(store, setting, run, Code.RUN_CANCELLED, CUT_OFF)
+    await store.interrupt_running_calls(run_id, Code.RUN_CANCELLED, CUT_OFF)
+    compensated = await compensate_effects(store, setting, run) if compensate else None
     await fail_run(
         store, run_id, Code.RUN_CANCELLED, reason or "cancelled", compensations=compensated
     )
 
 
-def tool_context(store: RunStore, run: Run, row: ToolCall) -> ToolContext:
-    return ToolContext(
-        run_id=run.run_id,
-        tool_call_id=row.tool_call_id,
-        idempotency_key=row.idempotency_key,
-        context=run.context,
-        artifacts=StoreArtifacts(store, run.run_id),
-    )
-
-
-async def settle_running_calls(store: RunStore, tools: ToolResolver, run: Run) -> None:
-    """Side effects the cancel cut off mid-call: where the tool can say whether the
-    effect took place, the ledger records which (:func:`runtime.ledger.settle_cut_off`)."""
+async def settle_running_calls(
+    store: RunStore, setting: CallSetting, run: Run, code: Code, message: str
+) -> None:
+    """Side effects cut off mid-call (the run was cancelled, or ran out of time, with
+    ``code``): where the tool can say whether the effect took place, the ledger records
+    which (:func:`runtime.ledger.settle_cut_off`)."""
     for row in await store.list_tool_calls(run.run_id):
         if row.status != "running" or not row.side_effect or row.attempts == 0:
             continue
-        spec = tools.resolve(row.tool, row.version)
+        spec = setting.tools.resolve(row.tool, row.version)
         if spec is None or spec.reconcile is None:
             continue
         args = spec.args_model.model_validate(row.args)
-        await settle_cut_off(store, spec, row, args, tool_context(store, run, row))
+        tctx = setting.context(store, run, row)
+        await settle_cut_off(store, spec, row, args, tctx, {"code": code, "message": message})
 
 
-async def compensate_effects(store: RunStore, tools: ToolResolver, run: Run) -> list[str]:
+async def compensate_effects(store: RunStore, setting: CallSetting, run: Run) -> list[str]:
     """Run each declared compensation of a side effect that happened, at most once."""
+    tools = setting.tools
     _, already = await side_effects(store, run.run_id)
     done = list(already)
     for row in await store.list_tool_calls(run.run_id):
@@ -73,9 +97,12 @@ async def compensate_effects(store: RunStore, tools: ToolResolver, run: Run) -> 
             continue
         if not await store.claim_compensation(row.tool_call_id):
             continue
-        tctx = tool_context(store, run, row)
+        tctx = setting.context(store, run, row)
         try:
-            await spec.compensate(spec.args_model.model_validate(row.args), row.output, tctx)
+            await asyncio.wait_for(
+                spec.compensate(spec.args_model.model_validate(row.args), row.output, tctx),
+                spec.timeout_s,
+            )
         except Exception as exc:
             log.exception("compensation of %s failed", row.tool_call_id)
             await store.release_compensation(row.tool_call_id, done=False)

@@ -32,7 +32,7 @@ from runtime.adapter import Adapter, fail_run
 from runtime.agent import AgentSpec
 from runtime.backend import settle_checkpointer
 from runtime.budget import Maxima, effective_limits
-from runtime.cancelling import finish_cancel, settle_running_calls
+from runtime.cancelling import CallSetting, finish_cancel, settle_running_calls
 from runtime.context import Context
 from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
@@ -41,7 +41,6 @@ from runtime.lifecycle import TERMINAL, State
 from runtime.model import Approval, ApprovalDecision, Run, RunCreate, Usage, utcnow
 from runtime.retry import DriveRetry, after_failed_drive
 from runtime.store.base import LeaseLost, RunStore
-from runtime.tooling import ToolResolver
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +59,21 @@ def default_owner() -> str:
 class Drive:
     task: asyncio.Task[None]
     version: int
+
+
+@dataclass
+class Progress:
+    """How far a drive got, for counting the drives that fail in a row."""
+
+    tasks: int = 0
+    """Graph tasks it started."""
+
+    @property
+    def made(self) -> bool:
+        # Under durability "sync" a task starts only once the superstep before it is
+        # checkpointed: a second task means the drive wrote something that lasts (the
+        # first may be one a checkpoint already held, started again on resume).
+        return self.tasks >= 2
 
 
 class Engine:
@@ -90,6 +104,7 @@ class Engine:
         self.owner = owner or default_owner()
         self.lease_s = lease_s
         self.retry = retry or DriveRetry()
+        self.memory = memory
         self.graphs = {
             agent_id: spec.builder.compile(checkpointer=checkpointer, store=memory, name=agent_id)
             for agent_id, spec in self.agents.items()
@@ -115,8 +130,8 @@ class Engine:
         else:
             self.wake()
 
-    def _tools_of(self, agent_id: str) -> ToolResolver:
-        return self.agents[agent_id].tools
+    def _setting_of(self, agent_id: str) -> CallSetting:
+        return CallSetting(self.agents[agent_id].tools, self.memory)
 
     # -- creating -------------------------------------------------------------
 
@@ -175,17 +190,18 @@ class Engine:
         release: bool | None = None  # needs_drive after release; None: leave as is
         retry_in: float | None = None  # the drive failed: when the run may be driven again
         failures = 0  # drives in a row before this one that failed
+        progress = Progress()
         try:
             found = await store.get_run_to_drive(run_id)
             failures = found.failures if found is not None else 0
             if found is not None and found.cancel is not None:
-                await finish_cancel(store, self._tools_of, run_id, *found.cancel)
+                await finish_cancel(store, self._setting_of, run_id, *found.cancel)
             elif found is not None and found.run.state not in TERMINAL:
                 try:
                     # Lease versions count every grant: a pending run's first has no
                     # checkpoint to read. (Not a run an upgrade gave its first lease.)
                     first = version == 1 and found.run.state is State.PENDING
-                    await self._drive_graph(store, found.run, first_lease=first)
+                    await self._drive_graph(store, found.run, progress, first_lease=first)
                 except BaseException:
                     await asyncio.shield(settle_checkpointer(self.checkpointer))
                     raise
@@ -198,7 +214,7 @@ class Engine:
                 cancel = await asyncio.shield(store.cancel_requested(run_id))
                 reason, compensate = cancel or ("cancelled", False)
                 await asyncio.shield(
-                    finish_cancel(store, self._tools_of, run_id, reason, compensate)
+                    finish_cancel(store, self._setting_of, run_id, reason, compensate)
                 )
             else:  # shutdown: hand the run to the next worker, from its checkpoint
                 release = True
@@ -206,32 +222,51 @@ class Engine:
                 await asyncio.shield(self._release(run_id, version, True))
                 raise
         except TRANSIENT_DB_ERRORS as exc:
-            retry_in = await after_failed_drive(store, run_id, failures + 1, exc, self.retry)
+            # A drive that moved the run on before it failed starts the count again: a
+            # long run may meet several failovers; a failure that lasts stops it dead.
+            failures = 1 if progress.made else failures + 1
+            retry_in = await after_failed_drive(store, run_id, failures, exc, self.retry)
         except Exception as exc:
             log.exception("run %s failed", run_id)
             try:
                 await fail_run(store, run_id, Code.INTERNAL_ERROR, repr(exc))
             except Exception:
                 log.exception("could not record the failure of %s; handing it back", run_id)
-                retry_in = self.retry.delay(failures + 1)
+                failures += 1
+                retry_in = self.retry.delay(failures)
         finally:
             self._cancelling.discard(run_id)
         await asyncio.shield(_flush_quietly(store))
-        await asyncio.shield(self._release(run_id, version, release, retry_in))
+        await asyncio.shield(self._release(run_id, version, release, retry_in, failures))
 
     async def _release(
-        self, run_id: str, version: int, needs_drive: bool | None, retry_in: float | None = None
+        self,
+        run_id: str,
+        version: int,
+        needs_drive: bool | None,
+        retry_in: float | None = None,
+        failures: int = 0,
     ) -> None:
         with contextlib.suppress(*TRANSIENT_DB_ERRORS):
             pending = await self.store.release_lease(
-                run_id, self.owner, version, needs_drive=needs_drive, retry_in=retry_in
+                run_id,
+                self.owner,
+                version,
+                needs_drive=needs_drive,
+                retry_in=retry_in,
+                failures=failures,
             )
+            if retry_in is not None and pending is not None:
+                # Any worker may retry it then; this one wakes for it, not at its sweep.
+                asyncio.get_running_loop().call_later(retry_in, self.wake)
             if pending:
                 # Decided, cancelled or handed back while we drove it: a worker (this
                 # one, most likely) claims it again. Its NOTIFY came while we held it.
                 self.wake()
 
-    async def _drive_graph(self, store: RunStore, run: Run, *, first_lease: bool) -> None:
+    async def _drive_graph(
+        self, store: RunStore, run: Run, progress: Progress, *, first_lease: bool
+    ) -> None:
         """``first_lease``: no worker held the run before, so its graph has no
         checkpoint and the read is spared."""
         run_id = run.run_id
@@ -300,12 +335,19 @@ class Engine:
                                 part = {k: v for k, v in part.items() if k != INTERRUPT}
                             await adapter.on_values(part)
                         elif mode == "tasks" and "input" in part:
+                            progress.tasks += 1
                             await adapter.on_task_start(part["name"])
             except TimeoutError:
                 await store.update_run(
                     run_id, usage=usage.model_copy(update={"active_s": ctx.active_s()}).model_dump()
                 )
-                await settle_running_calls(store, self._tools_of(run.agent_id), run)
+                await settle_running_calls(
+                    store,
+                    self._setting_of(run.agent_id),
+                    run,
+                    Code.RUN_BUDGET_EXCEEDED,
+                    f"timeout_s {run.limits.timeout_s} reached while running",
+                )
                 await fail_run(
                     store,
                     run_id,

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from runtime import failpoints
+from runtime.aio import to_the_end
 from runtime.breaker import BREAKERS, Breaker
 from runtime.errors import Code
 from runtime.events import result_event, summarize
@@ -225,28 +226,30 @@ async def _finish(
 
 
 async def settle_cut_off(
-    store: NodeStore, spec: ToolSpec, row: ToolCall, args: BaseModel, tctx: ToolContext
+    store: NodeStore,
+    spec: ToolSpec,
+    row: ToolCall,
+    args: BaseModel,
+    tctx: ToolContext,
+    error: dict[str, Any],
 ) -> ToolCall | None:
     """Close a side-effecting call a cancel cut off mid-handler, by asking the real
     system what happened (the tool's ``reconcile``): succeeded with its output if the
     effect took place, so it is reported and can be compensated; cancelled with
-    ``took_effect: False`` in its error if it did not. None where nobody can tell (no
-    reconcile, or it failed): the caller records an effect that may have happened.
+    ``took_effect: False`` added to ``error`` (why the run stopped) if it did not. None
+    where nobody can tell (no reconcile, or it failed or outlasted the tool's timeout):
+    the caller records an effect that may have happened.
     """
     if spec.reconcile is None:
         return None
     try:
-        found = await _reconcile(spec, args, tctx)
-    except Exception as exc:
-        log.warning("reconcile of %s after a cancel failed: %s", row.tool_call_id, exc)
+        found = await asyncio.wait_for(_reconcile(spec, args, tctx), spec.timeout_s)
+    except Exception as exc:  # a hung system must not hold the cancel up
+        log.warning("reconcile of %s after a cancel failed: %r", row.tool_call_id, exc)
         return None
     if found is not None:
         return await _finish(store, row, "succeeded", found, None, 0, tctx.artifacts)
-    error = {
-        "code": Code.RUN_CANCELLED,
-        "message": "cancelled while running; reconcile found that it took no effect",
-        "took_effect": False,
-    }
+    error = {**error, "message": f"{error['message']}; it took no effect", "took_effect": False}
     return await _finish(store, row, "cancelled", None, error, 0, tctx.artifacts)
 
 
@@ -379,7 +382,8 @@ async def _run_claimed(
                 "code": Code.TOOL_OUTCOME_UNKNOWN,
                 "message": f"{(error or {}).get('message')}; the effect may have happened",
             }
-    # Shielded: once the handler has returned, its outcome must reach the ledger.
-    return await asyncio.shield(
+    # Once the handler has returned, its outcome must reach the ledger, and before a
+    # cancellation goes on: a cancel then settles the calls it finds still running.
+    return await to_the_end(
         _finish(store, current, status, output, error, attempts - 1, tctx.artifacts)
     )

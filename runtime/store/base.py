@@ -246,8 +246,12 @@ class RunStore(
         """Record the intent durably and wake whoever holds (or will claim) the run."""
         intent = {"reason": reason, "compensate": compensate, "requested_by": requested_by}
         async with self.tx() as tx:
+            # An unowned run backing off after a failed drive is claimable at once: the
+            # cancel must not wait for the retry.
             await tx.execute(
-                "UPDATE runs SET cancel_requested = ?, needs_drive = 1 WHERE run_id = ?",
+                "UPDATE runs SET cancel_requested = ?, needs_drive = 1, lease_expires_at = "
+                "CASE WHEN lease_owner IS NULL THEN NULL ELSE lease_expires_at END "
+                "WHERE run_id = ?",
                 (_enc(intent), run_id),
             )
             await self._announce(tx, CANCEL_CHANNEL, run_id)

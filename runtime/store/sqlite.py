@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiosqlite
 
+from runtime.aio import to_the_end
 from runtime.store.base import Row, RunStore
-
-T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 10_000
 """How long a transaction waits for SQLite's write lock before it fails."""
@@ -82,22 +80,6 @@ class _ThreadTx:
         return [dict(r) for r in rows]
 
 
-async def _to_the_end(step: Awaitable[T]) -> T:
-    """Await ``step`` (a COMMIT, a ROLLBACK) to its end even if cancelled meanwhile, then
-    raise the cancellation: the lock must not be let go while it still runs on
-    aiosqlite's thread, or a direct read would run inside the ending transaction."""
-    task = asyncio.ensure_future(step)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        while not task.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({task})
-        if not task.cancelled():
-            task.exception()  # retrieved: the cancellation is what the caller sees
-        raise
-
-
 class SqliteRunStore(RunStore):
     dialect = "sqlite"
     blob_type = "BLOB"
@@ -136,20 +118,20 @@ class SqliteRunStore(RunStore):
     async def _tx(self) -> AsyncIterator[_DirectTx | _ThreadTx]:
         # A caller cancelled mid-transaction (an SSE client hanging up, a cancelled
         # drive) still has its COMMIT or ROLLBACK run to the end before the lock is
-        # let go (_to_the_end): the next user of the connection starts clean.
+        # let go (to_the_end): the next user of the connection starts clean.
         async with self._lock:
             try:
                 await self._begin()
                 yield self._statements
             except BaseException:
-                await _to_the_end(self._rollback())
+                await to_the_end(self._rollback())
                 raise
             try:
-                await _to_the_end(self._conn.execute("COMMIT"))
+                await to_the_end(self._conn.execute("COMMIT"))
             except BaseException:
                 # A failed COMMIT leaves the transaction open; after a good one
                 # (cancelled meanwhile) there is nothing to roll back.
-                await _to_the_end(self._rollback())
+                await to_the_end(self._rollback())
                 raise
 
     @asynccontextmanager

@@ -7,6 +7,7 @@ effect lands when it starts ("first") or would land when it ends ("last").
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tests.agents import UNREFUNDABLE, transfer_lines
@@ -23,6 +24,12 @@ async def cancel_mid_transfer(
     run = await api.create(agent_id="transferrer", input=f"{when} 30 {amount}")
     run_id = run["run_id"]
     await api.wait_event(run_id, transfer_started)
+    if when == "first":  # cancel once the effect has landed, not while it is landing
+        for _ in range(500):
+            if transfer_lines(api.settings.data_dir):
+                break
+            await asyncio.sleep(0.01)
+        assert transfer_lines(api.settings.data_dir)
     resp = await api.client.post(f"/runs/{run_id}/cancel", json={"reason": "stop", **body})
     assert resp.status_code == 200, resp.text
     [call] = (await api.client.get(f"/runs/{run_id}/tool-calls")).json()
