@@ -58,9 +58,13 @@ async def side_effects(store: RunStore, run_id: str) -> tuple[list[str], list[st
     return happened, [r.tool_call_id for r in rows if r.compensated]
 
 
-async def close_open_handoffs(store: RunStore, run_id: str, code: Code, message: str) -> None:
-    """A run ending inside a sub-agent: each handoff still open gets its ``result``, as
-    a tool call left running does, so that no ``action`` of the log stays unanswered."""
+async def open_handoff_results(
+    store: RunStore, run_id: str, code: Code, message: str
+) -> list[tuple[EventType, dict[str, Any]]]:
+    """A run ending inside a sub-agent: the ``result`` of each handoff still open, as a
+    tool call left running gets one, so that no ``action`` of the log stays unanswered.
+    Written with the terminal state change: were that to fail, the run goes on, and
+    its sub-agent's own handback must still be the one answer."""
     opened: dict[str, dict[str, Any]] = {}
     async for event in iterate_events(store, run_id, 0):
         if not isinstance(event.data.get("handoff"), dict):
@@ -69,29 +73,31 @@ async def close_open_handoffs(store: RunStore, run_id: str, code: Code, message:
             opened[event.data["tool_call_id"]] = event.data
         elif event.type == EventType.RESULT:
             opened.pop(event.data["tool_call_id"], None)
+    results: list[tuple[EventType, dict[str, Any]]] = []
     for hid, action in reversed(opened.items()):  # the innermost first, as they unwind
         start = action["handoff"]
-        await store.append_event(
-            run_id,
-            EventType.RESULT,
-            {
-                "tool_call_id": hid,
-                "tool": action["tool"],
-                "status": "cancelled" if code is Code.RUN_CANCELLED else "failed",
-                "output": None,
-                "artifact_id": None,
-                "error": {"code": code, "message": message},
-                "handoff": {
-                    "phase": "return",
-                    "from_agent": start["to_agent"],
-                    "to_agent": start["from_agent"],
-                    "step_index": start["step_index"],
-                    "depth": start["depth"],
-                    "artifacts": [],
+        results.append(
+            (
+                EventType.RESULT,
+                {
+                    "tool_call_id": hid,
+                    "tool": action["tool"],
+                    "status": "cancelled" if code is Code.RUN_CANCELLED else "failed",
+                    "output": None,
+                    "artifact_id": None,
+                    "error": {"code": code, "message": message},
+                    "handoff": {
+                        "phase": "return",
+                        "from_agent": start["to_agent"],
+                        "to_agent": start["from_agent"],
+                        "step_index": start["step_index"],
+                        "depth": start["depth"],
+                        "artifacts": [],
+                    },
                 },
-            },
-            dedupe_key=f"handoff:{hid}:return",
+            )
         )
+    return results
 
 
 async def fail_run(
@@ -107,7 +113,7 @@ async def fail_run(
     if run is None or run.state in TERMINAL:
         return run
     await store.interrupt_running_calls(run_id, code, message)
-    await close_open_handoffs(store, run_id, code, message)
+    unanswered = await open_handoff_results(store, run_id, code, message)
     for approval in await store.list_approvals(run_id=run_id, status="pending"):
         await store.decide_approval(
             approval.approval_id, "expired", decided_by="runtime", comment=f"run ended: {code}"
@@ -131,7 +137,7 @@ async def fail_run(
         run_id,
         trigger,
         expect=run.state,
-        events=[(EventType.ERROR, error)],
+        events=[*unanswered, (EventType.ERROR, error)],
         outcome=outcome,
         pending_approval=None,
     )

@@ -72,7 +72,8 @@ class Progress:
     def made(self) -> bool:
         # Under durability "sync" a task starts only once the superstep before it is
         # checkpointed: a second task means the drive wrote something that lasts (the
-        # first may be one a checkpoint already held, started again on resume).
+        # first may be one a checkpoint already held, started again on resume). This
+        # holds because every superstep of the run graph has one task (no fan-out).
         return self.tasks >= 2
 
 
@@ -189,7 +190,7 @@ class Engine:
         store = self.store.fenced(run_id, version)
         release: bool | None = None  # needs_drive after release; None: leave as is
         retry_in: float | None = None  # the drive failed: when the run may be driven again
-        failures = 0  # drives in a row before this one that failed
+        failures: int | None = None  # drives in a row before this one that failed
         progress = Progress()
         try:
             found = await store.get_run_to_drive(run_id)
@@ -224,16 +225,20 @@ class Engine:
         except TRANSIENT_DB_ERRORS as exc:
             # A drive that moved the run on before it failed starts the count again: a
             # long run may meet several failovers; a failure that lasts stops it dead.
-            failures = 1 if progress.made else failures + 1
-            retry_in = await after_failed_drive(store, run_id, failures, exc, self.retry)
+            # (None: the drive could not even read the count; the store adds one.)
+            if progress.made:
+                failures = 1
+            elif failures is not None:
+                failures += 1
+            retry_in = await after_failed_drive(store, run_id, failures or 1, exc, self.retry)
         except Exception as exc:
             log.exception("run %s failed", run_id)
             try:
                 await fail_run(store, run_id, Code.INTERNAL_ERROR, repr(exc))
             except Exception:
                 log.exception("could not record the failure of %s; handing it back", run_id)
-                failures += 1
-                retry_in = self.retry.delay(failures)
+                failures = None if failures is None else failures + 1
+                retry_in = self.retry.delay(failures or 1)
         finally:
             self._cancelling.discard(run_id)
         await asyncio.shield(_flush_quietly(store))
@@ -245,7 +250,7 @@ class Engine:
         version: int,
         needs_drive: bool | None,
         retry_in: float | None = None,
-        failures: int = 0,
+        failures: int | None = None,
     ) -> None:
         with contextlib.suppress(*TRANSIENT_DB_ERRORS):
             pending = await self.store.release_lease(

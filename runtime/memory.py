@@ -2,7 +2,7 @@
 
 It lives in LangGraph's ``BaseStore`` (the engine's is in the run database:
 ``AsyncSqliteStore`` or ``AsyncPostgresStore``; under ``langgraph dev``, the
-server's own), under the namespace ``("memory", tenant_id, user_id, *sub)``. A run
+server's own), under the namespace ``("memory", tenant_id, user_id, *sub, "=")``. A run
 is handed a :class:`Memory` bound to its own tenant and user (tools get it as
 ``ToolContext.memory``), so no agent can name another user's namespace.
 

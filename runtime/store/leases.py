@@ -73,13 +73,14 @@ class LeaseQueries(StoreCore):
         *,
         needs_drive: bool | None,
         retry_in: float | None = None,
-        failures: int = 0,
+        failures: int | None = None,
     ) -> bool | None:
         """Give the run back; ``needs_drive`` None leaves the flag as it is.
 
         ``retry_in``: the drive failed on a database error; the run is driven again
-        (by any worker) no sooner than this many seconds from now, and its
-        ``drive_failures`` (in a row) become ``failures``. Without it they are zero.
+        (by any worker) no sooner than this many seconds from now (at once if a cancel
+        is asked for), and its ``drive_failures`` (in a row) become ``failures`` (one
+        more than stored if None: the drive could not read them). Without it, zero.
 
         Returns whether the run needs driving now (someone may have set the flag while
         we drove it: a decision, a cancel), or None if the lease was no longer ours.
@@ -89,7 +90,11 @@ class LeaseQueries(StoreCore):
             sets = "lease_owner = NULL, lease_expires_at = NULL, drive_failures = 0"
         else:
             # An unowned run whose lease_expires_at is ahead: no claim takes it before.
-            sets = f"lease_owner = NULL, lease_expires_at = {self.now_sql} + ?, drive_failures = ?"
+            sets = (
+                "lease_owner = NULL, lease_expires_at = CASE WHEN cancel_requested IS NULL "
+                f"THEN {self.now_sql} + ? END, "
+                "drive_failures = COALESCE(?, drive_failures + 1)"
+            )
             params += [retry_in, failures]
             needs_drive = True
         if needs_drive is not None:

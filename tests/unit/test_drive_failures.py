@@ -98,7 +98,7 @@ async def test_a_checkpoint_the_database_keeps_refusing_fails_the_run(
     assert len(failed) == MAX_FAILURES, [r.getMessage() for r in failed]
     gaps = [b.created - a.created for a, b in itertools.pairwise(failed)]
     assert gaps[0] >= RETRY_S and gaps[1] >= 2 * RETRY_S, gaps
-    assert gaps[0] < 2 * RETRY_S, gaps  # retried when due
+    assert gaps[0] < RETRY_S + 0.5, gaps  # retried when due, not at the 1 s sweep
     assert drive_failures(pg_schema_url, run.run_id) == 0  # ended: nothing left to count
 
 

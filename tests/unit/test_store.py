@@ -328,9 +328,18 @@ async def test_a_failed_drive_is_claimable_again_only_after_its_backoff(
     found = await store.get_run_to_drive(run_id)
     assert found is not None and found.failures == 0
 
-    # A cancel does not wait for a backoff.
+    # A drive that could not read the count adds one to it.
     [(_, third)] = await store.claim_runs("w3", 10, 30.0)
     await store.release_lease(run_id, "w3", third, needs_drive=None, retry_in=60, failures=1)
+    fourth = await store.take_lease(run_id, "w3", 30.0)  # backoff or not
+    assert fourth is not None
+    await store.release_lease(run_id, "w3", fourth, needs_drive=None, retry_in=60)
+    found = await store.get_run_to_drive(run_id)
+    assert found is not None and found.failures == 2
+
+    # A cancel does not wait for a backoff: asked during it, or during the failing drive.
     assert await store.claim_runs("w4", 10, 30.0) == []
     await store.request_cancel(run_id, "stop", compensate=False)
-    assert [r for r, _ in await store.claim_runs("w4", 10, 30.0)] == [run_id]
+    [(_, fifth)] = await store.claim_runs("w4", 10, 30.0)
+    await store.release_lease(run_id, "w4", fifth, needs_drive=None, retry_in=60, failures=3)
+    assert [r for r, _ in await store.claim_runs("w5", 10, 30.0)] == [run_id]
