@@ -38,6 +38,7 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.ids import content_hash, new_run_id
 from runtime.lifecycle import TERMINAL, State
+from runtime.metrics import Metrics
 from runtime.model import Approval, ApprovalDecision, Run, RunCreate, Usage, utcnow
 from runtime.retry import DriveRetry, after_failed_drive
 from runtime.store.base import LeaseLost, RunStore
@@ -106,6 +107,7 @@ class Engine:
         self.lease_s = lease_s
         self.retry = retry or DriveRetry()
         self.memory = memory
+        self.metrics = Metrics()
         self.graphs = {
             agent_id: spec.builder.compile(checkpointer=checkpointer, store=memory, name=agent_id)
             for agent_id, spec in self.agents.items()
@@ -192,6 +194,8 @@ class Engine:
         retry_in: float | None = None  # the drive failed: when the run may be driven again
         failures: int | None = None  # drives in a row before this one that failed
         progress = Progress()
+        how = "stopped"  # how the drive ended, for the metrics
+        self.metrics.inc("drives_started_total")
         try:
             found = await store.get_run_to_drive(run_id)
             failures = found.failures if found is not None else 0
@@ -207,6 +211,7 @@ class Engine:
                     await asyncio.shield(settle_checkpointer(self.checkpointer))
                     raise
         except LeaseLost:
+            how = "lease_lost"
             log.warning("lost the lease on %s; another worker drives it now", run_id)
             store.close_journal()
             return
@@ -218,11 +223,13 @@ class Engine:
                     finish_cancel(store, self._setting_of, run_id, reason, compensate)
                 )
             else:  # shutdown: hand the run to the next worker, from its checkpoint
+                how = "handed_back"
                 release = True
                 await asyncio.shield(_flush_quietly(store))
                 await asyncio.shield(self._release(run_id, version, True))
                 raise
         except TRANSIENT_DB_ERRORS as exc:
+            how = "db_error"
             # A drive that moved the run on before it failed starts the count again: a
             # long run may meet several failovers; a failure that lasts stops it dead.
             # (None: the drive could not even read the count; the store adds one.)
@@ -232,6 +239,7 @@ class Engine:
                 failures += 1
             retry_in = await after_failed_drive(store, run_id, failures or 1, exc, self.retry)
         except Exception as exc:
+            how = "failed"
             log.exception("run %s failed", run_id)
             try:
                 await fail_run(store, run_id, Code.INTERNAL_ERROR, repr(exc))
@@ -241,6 +249,7 @@ class Engine:
                 retry_in = self.retry.delay(failures or 1)
         finally:
             self._cancelling.discard(run_id)
+            self.metrics.inc("drives_ended_total", how=how)
         await asyncio.shield(_flush_quietly(store))
         await asyncio.shield(self._release(run_id, version, release, retry_in, failures))
 

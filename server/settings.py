@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     """Runs one process drives at once."""
     shutdown_grace_s: float = 10.0
     """On SIGTERM: how long current drives may finish before they are handed back."""
+    metrics_token: SecretStr | None = None
+    """Serve GET /metrics (Prometheus) to a scraper presenting this bearer token; unset,
+    /metrics is 404. Not an API key: it reads counts across tenants, nothing else."""
     log_level: str = "info"
 
     @cached_property

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
-from runtime.lifecycle import TRANSITIONS, State, Trigger
+from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger
 from runtime.model import (
     Event,
     Run,
@@ -150,6 +150,18 @@ class RunStore(
         async with self.read() as tx:
             row = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
         return (Run.model_validate(_dec(row)), bool(row["needs_drive"])) if row else None
+
+    async def count_live_runs(self) -> dict[str, int]:
+        """Runs in each state that is not final, in the whole database (by index)."""
+        live = [s.value for s in State if s not in TERMINAL]
+        marks = ", ".join("?" for _ in live)
+        async with self.read() as tx:
+            rows = await tx.fetchall(
+                f"SELECT state, COUNT(*) AS n FROM runs WHERE state IN ({marks}) GROUP BY state",
+                live,
+            )
+        counted = {str(r["state"]): int(r["n"]) for r in rows}
+        return {state: counted.get(state, 0) for state in live}
 
     async def list_runs(
         self,

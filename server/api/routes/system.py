@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+import hmac
+from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Header, Response
+from fastapi.responses import PlainTextResponse
 
 from runtime.errors import Code, RuntimeProblem
-from server.api.deps import EngineDep, PrincipalDep, StoreDep, get_principal
+from server.api.deps import EngineDep, PrincipalDep, ServicesDep, StoreDep, get_principal
 from server.api.problems import PROBLEM_RESPONSES
+from server.auth.authenticate import unauthenticated
 
 router = APIRouter(responses=PROBLEM_RESPONSES)
 
@@ -52,6 +55,32 @@ async def get_artifact(artifact_id: str, store: StoreDep, principal: PrincipalDe
             "ETag": f'"{artifact.artifact_id}"',
             "Cache-Control": "private, max-age=31536000, immutable",
         },
+    )
+
+
+@router.get(
+    "/metrics",
+    tags=["health"],
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {}}}},
+)
+async def metrics(
+    services: ServicesDep, authorization: Annotated[str | None, Header()] = None
+) -> str:
+    """Prometheus' text format, for a scraper holding ``AGENT_RUNTIME_METRICS_TOKEN``."""
+    expected = services.settings.metrics_token
+    if expected is None:
+        raise RuntimeProblem(Code.NOT_FOUND, "metrics are not enabled on this server")
+    presented = (authorization or "").removeprefix("Bearer ").encode()
+    if not hmac.compare_digest(presented, expected.get_secret_value().encode()):
+        raise unauthenticated("GET /metrics needs the metrics token")
+    engine = services.engine
+    live = await services.store.count_live_runs()
+    return engine.metrics.render(
+        {
+            "drives_in_flight": [({}, len(engine.drives))],
+            "runs": [({"state": state}, n) for state, n in live.items()],
+        }
     )
 
 

@@ -1,0 +1,62 @@
+"""GET /metrics: Prometheus' text format, for a scraper holding the metrics token."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.api.conftest import Api, make_settings, open_api
+from tests.api.helpers import parked_demo_run, problem
+from tests.auth import bearer
+
+TOKEN = "scrape-me-0123456789abcdef"
+SCRAPER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+async def scraped(database_url: str, data_dir: Path) -> AsyncIterator[Api]:
+    async with open_api(make_settings(database_url, data_dir, metrics_token=TOKEN)) as opened:
+        yield opened
+
+
+def sample(text: str, name: str, labels: str = "") -> float:
+    found = re.search(rf"^agent_runtime_{name}{re.escape(labels)} (\S+)$", text, re.M)
+    assert found, (name, labels, text)
+    return float(found.group(1))
+
+
+async def test_counts_what_the_process_did_and_what_waits(scraped: Api) -> None:
+    before = (await scraped.client.get("/metrics", headers=SCRAPER)).text
+    assert sample(before, "runs", '{state="waiting_human"}') == 0
+    run_id, _, _ = await parked_demo_run(scraped)
+    await scraped.engine.wait_settled(run_id)  # its drive is over
+
+    resp = await scraped.client.get("/metrics", headers=SCRAPER)
+
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    text = resp.text
+    assert "# TYPE agent_runtime_drives_started_total counter" in text
+    assert sample(text, "drives_started_total") >= 1
+    assert sample(text, "drives_ended_total", '{how="stopped"}') >= 1
+    assert sample(text, "runs", '{state="waiting_human"}') == 1
+    assert sample(text, "runs", '{state="pending"}') == 0
+    assert sample(text, "drives_in_flight") == 0
+
+
+async def test_needs_the_metrics_token(scraped: Api) -> None:
+    # No token, or not the metrics token: nothing read.
+    problem(await scraped.client.get("/metrics"), 401, "UNAUTHENTICATED")
+    wrong = {"Authorization": "Bearer not-the-token"}
+    problem(await scraped.client.get("/metrics", headers=wrong), 401, "UNAUTHENTICATED")
+
+
+async def test_off_unless_a_token_is_set(api: Api) -> None:
+    problem(await api.client.get("/metrics", headers=SCRAPER), 404, "NOT_FOUND")
+
+
+async def test_an_admin_principal_is_not_a_scraper(scraped: Api) -> None:
+    admin = bearer(user="u-adm", roles=["admin", "approver"])
+    problem(await scraped.client.get("/metrics", headers=admin), 401, "UNAUTHENTICATED")
