@@ -320,7 +320,11 @@ class ChatModelPlanner:
                 )  # fmt: skip
                 await asyncio.sleep(delay)
                 attempt += 1
-        return to_decision(reply, view.tools, self.cost_per_token, view.agents)
+        decision = to_decision(reply, view.tools, self.cost_per_token, view.agents)
+        # Every attempt is a model call the LLM-call budget counts (a timed-out one may
+        # even have been billed); their tokens are unknown.
+        usage = decision.usage.model_copy(update={"llm_calls": attempt})
+        return decision.model_copy(update={"usage": usage})
 
 
 def init_chat_planner(model: str, **kwargs: Any) -> ChatModelPlanner:

@@ -402,6 +402,7 @@ async def test_a_transient_model_error_is_asked_again(tools: list[dict[str, Any]
 
     assert decision.kind == "tool_calls" and len(model.calls) == 3
     assert model.calls[0] == model.calls[2]  # the same question each time
+    assert decision.usage.llm_calls == 3  # each attempt counts against the budget
 
 
 async def test_a_model_error_that_is_not_transient_is_not_retried(
