@@ -47,8 +47,13 @@ class Metrics:
             lines += [f"# HELP {PREFIX}{name} {text}", f"# TYPE {PREFIX}{name} {kind}"]
             points = samples.get(name) or ([({}, 0.0)] if kind == "counter" else [])
             for labels, value in points:
-                lines.append(f"{PREFIX}{name}{_labels(labels)} {value:g}")
+                lines.append(f"{PREFIX}{name}{_labels(labels)} {_number(value)}")
         return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    # Exact, not "{:g}": a counter past a million must not print as 1.23457e+06.
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def _labels(labels: Mapping[str, str]) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.metrics import Metrics
 from tests.api.conftest import Api, make_settings, open_api
 from tests.api.helpers import parked_demo_run, problem
 from tests.auth import bearer
@@ -60,3 +61,11 @@ async def test_off_unless_a_token_is_set(api: Api) -> None:
 async def test_an_admin_principal_is_not_a_scraper(scraped: Api) -> None:
     admin = bearer(user="u-adm", roles=["admin", "approver"])
     problem(await scraped.client.get("/metrics", headers=admin), 401, "UNAUTHENTICATED")
+
+
+def test_large_counts_print_exactly() -> None:
+    metrics = Metrics()
+    metrics.counts[("drives_started_total", ())] = 12_345_678
+    text = metrics.render({"runs": [({"state": 'we"ird\n'}, 2.5)]})
+    assert "agent_runtime_drives_started_total 12345678\n" in text
+    assert 'agent_runtime_runs{state="we\\"ird\\n"} 2.5\n' in text
