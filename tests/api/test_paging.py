@@ -70,3 +70,22 @@ async def test_the_event_log_pages_by_seq(api: Api) -> None:
         422,
         "VALIDATION_ERROR",
     )
+
+
+async def test_the_trace_is_the_whole_record_however_long(api: Api) -> None:
+    from runtime.events import EventType
+    from server.api.routes.runs import Trace
+    from server.api.trace import EVENTS_PER_CHUNK
+
+    run_id, _, _ = await parked_demo_run(api)
+    store = api.engine_services.store
+    for i in range(EVENTS_PER_CHUNK + 300):  # more than one chunk of the stream
+        await store.append_event(run_id, EventType.ERROR, {"i": i})
+    last = (await store.list_events(run_id, 0, limit=100_000))[-1].seq
+
+    resp = await api.client.get(f"/runs/{run_id}/trace")
+
+    assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
+    trace = Trace.model_validate(resp.json())
+    assert [e.seq for e in trace.events] == list(range(1, last + 1))
+    assert trace.run.run_id == run_id and trace.approvals and trace.steps

@@ -32,6 +32,7 @@ from server.api.deps import (
 )
 from server.api.problems import PROBLEM_RESPONSES
 from server.api.redaction import RunTools, redact_steps, redact_tool_calls
+from server.api.trace import trace_body, trace_head
 from server.auth import Principal
 from server.sse import event_stream
 
@@ -190,15 +191,10 @@ async def run_tool_calls(run: RunDep, store: StoreDep, engine: EngineDep) -> lis
 
 
 @router.get("/runs/{run_id}/trace", response_model=Trace)
-async def run_trace(run: RunDep, store: StoreDep, engine: EngineDep) -> Trace:
-    tools = RunTools(engine, run)
-    return Trace(
-        run=run,
-        steps=redact_steps(tools, await store.list_steps(run.run_id)),
-        tool_calls=redact_tool_calls(tools, await store.list_tool_calls(run.run_id)),
-        approvals=await store.list_approvals(run_id=run.run_id, limit=10_000),
-        events=await store.list_events(run.run_id, 0, limit=100_000),
-    )
+async def run_trace(run: RunDep, store: StoreDep, engine: EngineDep) -> StreamingResponse:
+    """The whole record, its events streamed (server.api.trace): no cap, no page."""
+    head = await trace_head(store, RunTools(engine, run), run)
+    return StreamingResponse(trace_body(store, run.run_id, head), media_type="application/json")
 
 
 @router.get("/runs/{run_id}/checkpoint")
