@@ -48,22 +48,44 @@ SUMMARY_CHARS = 200
 MAX_OBSERVATION_CHARS = 16_000
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504, 529})
 """HTTP statuses of a model endpoint worth asking again: timeouts, rate limits, overload."""
-TRANSIENT_NAMES = ("RateLimit", "Timeout", "Connection", "Overloaded", "ServiceUnavailable")
-"""Provider SDKs' exception classes for the same, whatever the SDK (openai.RateLimitError,
-anthropic.OverloadedError, httpx.ConnectTimeout …)."""
+TRANSIENT_NAMES = (
+    "RateLimit", "Timeout", "Connection", "ConnectError", "NetworkError", "ReadError",
+    "RemoteProtocol", "Overloaded", "ServiceUnavailable", "Throttl", "ResourceExhausted",
+    "DeadlineExceeded",
+)  # fmt: skip
+"""Provider SDKs' and HTTP clients' exception classes for the same, whatever the SDK
+(openai.RateLimitError, anthropic.OverloadedError, httpx.ConnectError …)."""
+PERMANENT_CODES = frozenset({"insufficient_quota"})
+"""Rate-limit errors that waiting does not cure (OpenAI's exhausted quota)."""
 
 log = logging.getLogger(__name__)
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether a model call's failure may pass if asked again."""
+    """Whether a model call's failure may pass if asked again (it, or what it wraps)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if _transient(current):
+            return True
+        current = current.__cause__
+    return False
+
+
+def _transient(exc: BaseException) -> bool:
+    if getattr(exc, "code", None) in PERMANENT_CODES:
+        return False
     if isinstance(exc, TimeoutError | ConnectionError):
         return True
-    status = getattr(exc, "status_code", None)
+    status: Any = getattr(exc, "status_code", None)
     if status is None:
         status = getattr(getattr(exc, "response", None), "status_code", None)
-    if isinstance(status, int):
-        return status in TRANSIENT_STATUS
+    if status is not None:
+        try:
+            return int(status) in TRANSIENT_STATUS
+        except (TypeError, ValueError):
+            pass  # not a number: the class says
     return any(name in cls.__name__ for cls in type(exc).__mro__ for name in TRANSIENT_NAMES)
 
 

@@ -200,6 +200,7 @@ class Engine:
             found = await store.get_run_to_drive(run_id)
             failures = found.failures if found is not None else 0
             if found is not None and found.cancel is not None:
+                how = "cancelled"
                 await finish_cancel(store, self._setting_of, run_id, *found.cancel)
             elif found is not None and found.run.state not in TERMINAL:
                 try:
@@ -217,6 +218,7 @@ class Engine:
             return
         except asyncio.CancelledError:
             if run_id in self._cancelling:
+                how = "cancelled"
                 cancel = await asyncio.shield(store.cancel_requested(run_id))
                 reason, compensate = cancel or ("cancelled", False)
                 await asyncio.shield(

@@ -17,16 +17,22 @@ HELP: dict[str, tuple[str, str]] = {
     "drives_ended_total": (
         "counter",
         "Drives this process ended, by how: stopped (parked, or the run ended), "
-        "handed_back (shutdown), lease_lost, db_error (retried later), failed.",
+        "cancelled, handed_back (shutdown), lease_lost, db_error (retried later), failed.",
     ),
     "drives_in_flight": ("gauge", "Drives this process is running now."),
     "runs": ("gauge", "Runs in each live state, in the whole database."),
 }
 
 
+DRIVE_ENDS = ("stopped", "cancelled", "handed_back", "lease_lost", "db_error", "failed")
+
+
 class Metrics:
     def __init__(self) -> None:
         self.counts: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
+        # Every series from 0, so that a rate sees the first increment of each.
+        for how in DRIVE_ENDS:
+            self.counts[("drives_ended_total", (("how", how),))] = 0
 
     def inc(self, name: str, **labels: str) -> None:
         self.counts[(name, tuple(sorted(labels.items())))] += 1

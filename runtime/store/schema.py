@@ -139,8 +139,4 @@ MIGRATIONS: list[list[str]] = [
         # that lasts ends the run with CHECKPOINT_ERROR instead of being retried forever.
         "ALTER TABLE runs ADD COLUMN drive_failures INTEGER NOT NULL DEFAULT 0",
     ],
-    [
-        # GET /metrics counts the runs of each live state, across tenants.
-        "CREATE INDEX IF NOT EXISTS runs_state ON runs (state)",
-    ],
 ]

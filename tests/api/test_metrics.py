@@ -69,3 +69,16 @@ def test_large_counts_print_exactly() -> None:
     text = metrics.render({"runs": [({"state": 'we"ird\n'}, 2.5)]})
     assert "agent_runtime_drives_started_total 12345678\n" in text
     assert 'agent_runtime_runs{state="we\\"ird\\n"} 2.5\n' in text
+
+
+async def test_an_empty_token_setting_is_off(database_url: str, data_dir: Path) -> None:
+    async with open_api(make_settings(database_url, data_dir, metrics_token="")) as opened:
+        resp = await opened.client.get("/metrics", headers={"Authorization": ""})
+        problem(resp, 404, "NOT_FOUND")
+
+
+def test_every_way_a_drive_ends_is_a_series_from_zero() -> None:
+    text = Metrics().render({})
+    for how in ("stopped", "cancelled", "handed_back", "lease_lost", "db_error", "failed"):
+        assert f'agent_runtime_drives_ended_total{{how="{how}"}} 0\n' in text
+    assert "agent_runtime_drives_ended_total 0" not in text  # no unlabelled series

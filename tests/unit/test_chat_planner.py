@@ -28,6 +28,7 @@ from graphs.chat_planner import (
     ChatModelPlanner,
     ModelOutputError,
     build_messages,
+    is_transient,
     tool_schemas,
 )
 from graphs.retail_analyst import RETAIL_PROMPT, build_agent
@@ -421,3 +422,42 @@ async def test_retries_are_bounded(tools: list[dict[str, Any]]) -> None:
     with pytest.raises(RateLimitError, match="2"):
         await ChatModelPlanner(model, backoff_s=0, max_attempts=3).next_step(view(tools))
     assert len(model.calls) == 3
+
+
+class ConnectError(Exception):
+    """Named like httpx.ConnectError."""
+
+
+class QuotaError(RateLimitError):
+    code = "insufficient_quota"
+
+
+class WrappedStatus(Exception):
+    status_code = "503"
+
+
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (RateLimitError(), True),
+        (TimeoutError(), True),
+        (ConnectionResetError(), True),
+        (ConnectError(), True),
+        (WrappedStatus(), True),
+        (BadRequestError(), False),
+        (QuotaError(), False),  # waiting does not refill a quota
+        (ValueError("bad"), False),
+    ],
+)
+def test_what_counts_as_transient(exc: Exception, transient: bool) -> None:
+    assert is_transient(exc) is transient
+
+
+def test_a_wrapped_transient_error_is_transient() -> None:
+    try:
+        try:
+            raise TimeoutError("read timed out")
+        except TimeoutError as inner:
+            raise RuntimeError("model call failed") from inner
+    except RuntimeError as outer:
+        assert is_transient(outer)

@@ -69,10 +69,12 @@ async def metrics(
 ) -> str:
     """Prometheus' text format, for a scraper holding ``AGENT_RUNTIME_METRICS_TOKEN``."""
     expected = services.settings.metrics_token
-    if expected is None:
+    if expected is None or not expected.get_secret_value():
         raise RuntimeProblem(Code.NOT_FOUND, "metrics are not enabled on this server")
-    presented = (authorization or "").removeprefix("Bearer ").encode()
-    if not hmac.compare_digest(presented, expected.get_secret_value().encode()):
+    scheme, _, presented = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        presented.strip().encode(), expected.get_secret_value().encode()
+    ):
         raise unauthenticated("GET /metrics needs the metrics token")
     engine = services.engine
     live = await services.store.count_live_runs()
