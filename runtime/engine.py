@@ -33,13 +33,14 @@ from runtime.agent import AgentSpec
 from runtime.backend import settle_checkpointer
 from runtime.budget import Maxima, effective_limits
 from runtime.cancelling import CallSetting, finish_cancel, settle_running_calls
+from runtime.commands import Drive, RunCommands
 from runtime.context import Context
 from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.ids import content_hash, new_run_id
 from runtime.lifecycle import TERMINAL, State
 from runtime.metrics import Metrics
-from runtime.model import Approval, ApprovalDecision, Run, RunCreate, Usage, utcnow
+from runtime.model import Approval, Run, RunCreate, Usage, utcnow
 from runtime.retry import DriveRetry, after_failed_drive
 from runtime.store.base import LeaseLost, RunStore
 
@@ -54,12 +55,6 @@ keeps its own constant private)."""
 
 def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-@dataclass
-class Drive:
-    task: asyncio.Task[None]
-    version: int
 
 
 @dataclass
@@ -78,7 +73,7 @@ class Progress:
         return self.tasks >= 2
 
 
-class Engine:
+class Engine(RunCommands):
     def __init__(
         self,
         store: RunStore,
@@ -392,140 +387,6 @@ class Engine:
         if approval is None or approval.status == "pending":
             return None
         return Command(resume=_resume_payload(approval))
-
-    async def wait_settled(self, run_id: str, within_s: float = 60.0) -> Run:
-        """Wait until the run is terminal or parked, with no drive of this process on it."""
-        async with asyncio.timeout(within_s):
-            with self.bus.subscribe(run_id) as waiter:
-                while True:
-                    waiter.clear()
-                    drive = self.drives.get(run_id)
-                    if drive is not None:
-                        # Driven here: nothing is settled before the drive ends, so wait
-                        # for that rather than re-reading the run at every event.
-                        await asyncio.wait({drive.task})
-                        continue
-                    found = await self.store.get_run_drive(run_id)
-                    if found is None:
-                        raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run_id}")
-                    run, needs_drive = found
-                    parked = run.state is State.WAITING_HUMAN and not needs_drive
-                    if (run.state in TERMINAL or parked) and run_id not in self.drives:
-                        return run
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(waiter.wait(), 0.5)
-
-    # -- approvals ------------------------------------------------------------
-
-    async def decide(
-        self,
-        run_id: str,
-        approval_id: str,
-        decision: str,
-        *,
-        decided_by: str,
-        comment: str | None,
-        via: str | None = None,
-    ) -> tuple[Approval, bool]:
-        """Decide an approval once; returns (approval, whether this call decided it).
-
-        ``via`` (how the decider authenticated) goes into the decision's audit event."""
-        status: ApprovalDecision = "approved" if decision == "approve" else "rejected"
-        try:
-            approval, won = await self.store.decide_approval(
-                approval_id, status, decided_by=decided_by, comment=comment, via=via, run_id=run_id
-            )
-        except RuntimeProblem as exc:
-            if exc.code is Code.APPROVAL_NOT_FOUND:
-                raise RuntimeProblem(
-                    Code.APPROVAL_NOT_FOUND, f"no approval {approval_id} on {run_id}"
-                ) from None
-            raise
-        if won:
-            self.wake()
-            return approval, True
-        if approval.status != status:
-            raise RuntimeProblem(
-                Code.APPROVAL_CONFLICT,
-                f"approval {approval_id} is already {approval.status}",
-                approval_status=approval.status,
-            )
-        return approval, False
-
-    # -- cancelling -----------------------------------------------------------
-
-    async def cancel(
-        self,
-        run_id: str,
-        reason: str,
-        *,
-        compensate: bool = False,
-        wait_s: float | None = None,
-        requested_by: str | None = None,
-    ) -> Run:
-        """Ask for the run to stop; whoever drives it stops it and records what happened.
-
-        Returns once the run is terminal, or after ``wait_s`` (the lease time by
-        default) with the run as it is; the cancellation still goes through.
-        """
-        run = await self.store.get_run(run_id)
-        if run is None:
-            raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run_id}")
-        if run.state in TERMINAL:
-            if run.outcome is not None and run.outcome.code is Code.RUN_CANCELLED:
-                return run
-            raise RuntimeProblem(Code.RUN_STATE_CONFLICT, f"run is already {run.state.value}")
-        await self.store.request_cancel(run_id, reason, compensate, requested_by)
-        self.on_cancel_notice(run_id)
-        self.wake()
-        with contextlib.suppress(TimeoutError):
-            return await self._wait_terminal(run_id, wait_s if wait_s is not None else self.lease_s)
-        final = await self.store.get_run(run_id)
-        assert final is not None
-        return final
-
-    def on_cancel_notice(self, run_id: str) -> None:
-        """A cancel was requested (here or in another process): stop our drive of it."""
-        drive = self.drives.get(run_id)
-        if drive is not None and run_id not in self._cancelling:
-            self._cancelling.add(run_id)
-            drive.task.cancel()
-
-    async def _wait_terminal(self, run_id: str, within_s: float) -> Run:
-        async with asyncio.timeout(within_s):
-            with self.bus.subscribe(run_id) as waiter:
-                while True:
-                    waiter.clear()
-                    run = await self.store.get_run(run_id)
-                    if run is not None and run.state in TERMINAL and run_id not in self.drives:
-                        return run
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(waiter.wait(), 0.5)
-
-    # -- reading --------------------------------------------------------------
-
-    async def checkpoint(self, run: Run) -> dict[str, Any]:
-        """The latest checkpoint of the run's graph, in the chapter's shape (DESIGN §6)."""
-        config = {"configurable": {"thread_id": run.run_id}}
-        snapshot = await self.graphs[run.agent_id].aget_state(config)
-        values = snapshot.values or {}
-        step = values.get("step_index", 0)
-        memory_version = values.get("memory_version", 0)
-        return {
-            "run_id": run.run_id,
-            "state": run.state.value,
-            "step_index": step,
-            "checkpoint_id": (snapshot.config or {}).get("configurable", {}).get("checkpoint_id"),
-            "next": list(snapshot.next),
-            "planner_context_ref": f"mem://{run.run_id}/planner-v{step}",
-            "tool_calls": list(values.get("tool_calls", [])),
-            "memory_snapshot": f"memory://{run.run_id}/v{memory_version}",
-            "handoff_stack": list(values.get("handoff_stack", [])),
-            "pending_approval": (
-                run.pending_approval.model_dump(mode="json") if run.pending_approval else None
-            ),
-            "budget": values.get("usage") or {},
-        }
 
     async def shutdown(self, grace_s: float = 0.0) -> None:
         """Let drives finish for ``grace_s``, then hand the rest back from their checkpoints."""
