@@ -1,8 +1,8 @@
 """The guard node: nothing runs before its tool, version, schema, policy and budget pass.
 
 Argument errors and unknown tools go back to the planner as observations (a
-replan, bounded by the step budget); a policy denial or an exhausted budget
-ends the run.
+replan, bounded by the step budget), and so does a policy denial of a tool whose
+``on_deny`` is "replan"; any other denial, or an exhausted budget, ends the run.
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
                     code, message = Code.TOOL_ARGUMENT_INVALID, _validation_message(exc)
                 else:
                     verdict = policy.decide(spec, args, context)
-                    if verdict.action == "deny":
+                    if verdict.action == "deny" and spec.on_deny == "replan":
+                        code, message = Code.POLICY_DENIED, verdict.reason
+                    elif verdict.action == "deny":
                         await ctx.store.append_event(
                             ctx.run_id,
                             EventType.ERROR,

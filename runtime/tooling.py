@@ -66,6 +66,10 @@ class ToolSpec:
     compensate: Compensator | None = None
     required_scopes: Callable[[BaseModel], list[str]] = field(default=lambda _args: [])
     on_reject: Literal["fail", "replan"] = "fail"
+    on_deny: Literal["fail", "replan"] = "fail"
+    """What a policy denial of a call does (DESIGN §8: stop the action): fail the run,
+    or tell the planner (a POLICY_DENIED observation) so that it takes another path. A
+    policy that wants a human for a call answers "approve", not "deny"."""
     secret_args: frozenset[str] = frozenset()
     """Top-level argument names whose values never appear in events, traces or logs."""
     four_eyes: bool = True

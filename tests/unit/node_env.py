@@ -36,7 +36,8 @@ def node_tools(data_dir: Path, refunds: list[int]) -> ToolRegistry:
     """``tests.agents``' tools, and some whose risk or outcome a node test needs.
 
     refund (high risk: the default policy asks a human), refund_soft (the same, but a
-    rejection goes back to the planner), secret (needs a scope nobody has), report
+    rejection goes back to the planner), secret (needs a scope nobody has; secret_soft's
+    denial goes back to the planner), report
     (an output too big to keep inline), lookup (a business error). ``refunds`` gets
     each amount a refund handler really paid out.
     """
@@ -55,6 +56,17 @@ def node_tools(data_dir: Path, refunds: list[int]) -> ToolRegistry:
     tools.register(ToolSpec("refund", "1", "Refund.", RefundArgs, refund, risk="high"))
     tools.register(
         ToolSpec("refund_soft", "1", "Refund.", RefundArgs, refund, risk="high", on_reject="replan")
+    )
+    tools.register(
+        ToolSpec(
+            "secret_soft",
+            "1",
+            "Scoped; a denial goes back to the planner.",
+            RefundArgs,
+            refund,
+            required_scopes=needs_vault,
+            on_deny="replan",
+        )
     )
     tools.register(
         ToolSpec("secret", "1", "Scoped.", RefundArgs, refund, required_scopes=needs_vault)

@@ -66,6 +66,17 @@ async def test_guard_missing_scope_is_denied(env: NodeEnv) -> None:
     assert event.data["code"] == "POLICY_DENIED"
 
 
+async def test_a_denial_can_go_back_to_the_planner(env: NodeEnv) -> None:
+    update = await env.guard(call("secret_soft", amount=1))
+
+    assert "outcome" not in update and update["calls"] == []
+    [obs] = update["observations"]
+    assert obs["status"] == "POLICY_DENIED" and "vault" in obs["error"]
+    [*_, event] = await env.store.list_events(env.run_id)
+    assert event.data["code"] == "POLICY_DENIED"
+    assert event.data["tool_call_id"] == ids.tool_call_id(env.run_id, 0, 0)
+
+
 async def test_guard_high_risk_needs_approval(env: NodeEnv) -> None:
     update = await env.guard(call("refund", amount=5), step_index=4)
 
