@@ -48,6 +48,18 @@ class Memory:
     async def delete(self, key: str, *sub: str) -> None:
         await self._store.adelete(self._namespace(sub), key)
 
+    async def forget(self) -> int:
+        """Delete every memory of this user, in every sub-namespace; how many there were."""
+        forgotten = 0
+        while True:
+            # A search of the user's own prefix reaches every namespace below it.
+            found = await self._store.asearch(self._prefix, limit=100)
+            if not found:
+                return forgotten
+            for item in found:
+                await self._store.adelete(tuple(item.namespace), item.key)
+            forgotten += len(found)
+
     async def items(self, *sub: str, limit: int = 100) -> dict[str, dict[str, Any]]:
         """The memories in ``sub`` (not those of namespaces below it), by key."""
         found = await self._store.asearch(self._namespace(sub), limit=limit)

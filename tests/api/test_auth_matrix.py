@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from runtime.ledger import StoreArtifacts
+from runtime.memory import Memory
 from tests.api.conftest import Api
 from tests.api.helpers import parked_demo_run, problem
 from tests.auth import MGR, bearer
@@ -40,6 +41,9 @@ async def test_every_endpoint_needs_the_right_principal(api: Api) -> None:
         ("GET", "/artifacts/{artifact_id}", f"/artifacts/{artifact_id}", None, {}, "404"),
         ("GET", "/agents", "/agents", None, {}, "own"),
         ("GET", "/readyz", "/readyz", None, {}, "own"),
+        ("GET", "/memory", "/memory", None, {}, "own"),
+        ("DELETE", "/memory/{key}", "/memory/color", None, {}, "own"),
+        ("DELETE", "/memory", "/memory", None, {}, "own"),
         (
             "POST",
             "/runs/{run_id}/cancel",
@@ -67,6 +71,8 @@ async def test_every_endpoint_needs_the_right_principal(api: Api) -> None:
     expected = {(m, r) for m, r, *_ in matrix} - hidden
     assert documented - PUBLIC - OWN_TOKEN == expected, "endpoint missing"
 
+    assert api.engine.memory is not None  # the caller's own memory, which EVE must not reach
+    await Memory(api.engine.memory, "demo-retail", "u-ops-001").put("color", {"v": "teal"})
     client = api.client
     for method, route, path, body, headers, other in matrix:
         nobody = await client.request(
@@ -93,12 +99,16 @@ async def test_every_endpoint_needs_the_right_principal(api: Api) -> None:
                 i.get("context", {}).get("tenant_id", "other-co") == "other-co" for i in items
             )
         else:
-            assert stranger.status_code in (200, 201), (route, stranger.text)
+            assert stranger.status_code in (200, 201, 204), (route, stranger.text)
             if route.startswith("/run"):
                 assert stranger.json()["context"]["tenant_id"] == "other-co"
+            if route == "/memory":  # EVE's own memory: empty, nothing of ours to forget
+                assert stranger.json() == ({} if method == "GET" else {"forgotten": 0})
 
         owner = await client.request(method, path, json=body, headers=headers)
-        assert owner.status_code in (200, 201, 202), (route, owner.text)
+        assert owner.status_code in (200, 201, 202, 204), (route, owner.text)
+        if (method, route) == ("GET", "/memory"):
+            assert owner.json() == {"color": {"v": "teal"}}
 
     # Nothing another tenant did touched the run: it was approved by MGR only.
     trace = (await client.get(f"/runs/{run_id}/trace")).json()

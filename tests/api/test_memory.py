@@ -10,6 +10,8 @@ from runtime.lifecycle import State
 from runtime.memory import Memory
 from runtime.model import RunContext, RunCreate
 from tests.api.conftest import Api
+from tests.api.helpers import problem
+from tests.auth import bearer
 
 
 async def answer(api: Api, text: str, user: str = "ann", tenant: str = "acme.com") -> str:
@@ -82,3 +84,39 @@ async def test_a_namespace_lists_its_own_items_not_those_below_it(api: Api) -> N
         assert await mine.items("projects") == {}
     finally:
         await backend.close()
+
+
+OPS_USER, OPS_TENANT = "u-ops-001", "demo-retail"
+"""The API client's own principal (tests.auth.OPS)."""
+
+
+async def test_a_user_sees_and_forgets_what_agents_keep_about_them(api: Api) -> None:
+    await answer(api, "remember color teal", user=OPS_USER, tenant=OPS_TENANT)
+    assert api.engine.memory is not None
+    mine = Memory(api.engine.memory, OPS_TENANT, OPS_USER)
+    await mine.put("p1", {"v": 1}, "projects")
+    await mine.put("size", {"value": "L"})
+
+    listed = (await api.client.get("/memory")).json()
+    assert listed == {"color": {"value": "teal"}, "size": {"value": "L"}}
+    assert (await api.client.get("/memory", params={"sub": "projects"})).json() == {"p1": {"v": 1}}
+    assert (await api.client.delete("/memory/size")).status_code == 204
+    assert set((await api.client.get("/memory")).json()) == {"color"}
+
+    forgotten = await api.client.delete("/memory")
+    assert forgotten.json() == {"forgotten": 2}  # color, and p1 below projects
+    assert (await api.client.get("/memory")).json() == {}
+    assert await answer(api, "recall color", user=OPS_USER, tenant=OPS_TENANT) == "None"
+
+
+async def test_only_a_tenant_admin_reaches_another_users_memory(api: Api) -> None:
+    await answer(api, "remember color teal", user="u-other", tenant=OPS_TENANT)
+    await answer(api, "remember color red", user="u-other", tenant="other-co")
+
+    problem(await api.client.get("/memory", params={"user_id": "u-other"}), 403, "ROLE_REQUIRED")
+    admin = bearer(user="u-adm", roles=["admin"])
+    seen = await api.client.get("/memory", params={"user_id": "u-other"}, headers=admin)
+    assert seen.json() == {"color": {"value": "teal"}}  # this tenant's u-other only
+    gone = await api.client.delete("/memory", params={"user_id": "u-other"}, headers=admin)
+    assert gone.json() == {"forgotten": 1}
+    assert await answer(api, "recall color", user="u-other", tenant="other-co") == "red"

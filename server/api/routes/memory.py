@@ -1,0 +1,64 @@
+"""A user's long-term memory (runtime.memory), as that user sees it: what agents keep
+about them from one run to the next, and the right to have it forgotten.
+
+Callers reach their own memory; a tenant admin may reach a user of the tenant
+(``?user_id=``), to answer an erasure request.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+
+from runtime.errors import Code, RuntimeProblem
+from runtime.memory import Memory
+from server.api.deps import EngineDep, PrincipalDep
+from server.api.problems import PROBLEM_RESPONSES
+from server.auth import Principal
+from server.auth.principal import ADMIN
+
+router = APIRouter(tags=["memory"], responses=PROBLEM_RESPONSES)
+
+UserQuery = Annotated[str | None, Query(min_length=1, max_length=200)]
+SubQuery = Annotated[list[str] | None, Query(max_length=8)]
+
+
+def memory_of(engine: EngineDep, principal: Principal, user_id: str | None) -> Memory:
+    if engine.memory is None:
+        raise RuntimeProblem(Code.NOT_FOUND, "this server keeps no long-term memory")
+    user = user_id or principal.user_id
+    if user != principal.user_id and not principal.has_role(ADMIN):
+        raise RuntimeProblem(Code.ROLE_REQUIRED, "another user's memory needs a tenant admin")
+    return Memory(engine.memory, principal.tenant_id, user)
+
+
+@router.get("/memory")
+async def list_memory(
+    engine: EngineDep,
+    principal: PrincipalDep,
+    user_id: UserQuery = None,
+    sub: SubQuery = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, dict[str, Any]]:
+    """The memories in a namespace (``?sub=a&sub=b``; the user's top one by default), by key."""
+    return await memory_of(engine, principal, user_id).items(*(sub or []), limit=limit)
+
+
+@router.delete("/memory/{key}", status_code=204)
+async def forget_one(
+    key: Annotated[str, Path(min_length=1, max_length=200)],
+    engine: EngineDep,
+    principal: PrincipalDep,
+    user_id: UserQuery = None,
+    sub: SubQuery = None,
+) -> None:
+    await memory_of(engine, principal, user_id).delete(key, *(sub or []))
+
+
+@router.delete("/memory")
+async def forget_all(
+    engine: EngineDep, principal: PrincipalDep, user_id: UserQuery = None
+) -> dict[str, int]:
+    """Everything agents keep about the user, in every namespace: gone."""
+    return {"forgotten": await memory_of(engine, principal, user_id).forget()}
