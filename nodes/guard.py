@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from runtime import ids
 from runtime.budget import before_tools, limits_from
 from runtime.context import Context, services
-from runtime.errors import CODES, Code
+from runtime.errors import CODES, Code, Recovery
 from runtime.events import EventType
 from runtime.model import Decision, RunContext, Usage
 from runtime.policy import Policy
@@ -42,7 +42,7 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
         for index, proposed in enumerate(decision.tool_calls):
             tc_id = ids.tool_call_id(ctx.run_id, step, index)
             spec = tools.resolve(proposed.tool, proposed.version)
-            code, message = None, ""
+            code, message, recovery = None, "", None
             if spec is None:
                 wanted = proposed.tool + (f"@{proposed.version}" if proposed.version else "")
                 code, message = Code.TOOL_NOT_FOUND, f"no tool {wanted}"
@@ -55,6 +55,7 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
                     verdict = policy.decide(spec, args, context)
                     if verdict.action == "deny" and spec.on_deny == "replan":
                         code, message = Code.POLICY_DENIED, verdict.reason
+                        recovery = Recovery.REPLAN  # the planner takes another path
                     elif verdict.action == "deny":
                         await ctx.store.append_event(
                             ctx.run_id,
@@ -68,19 +69,20 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
                             dedupe_key=f"error:{tc_id}",
                         )
                         return {"outcome": failed(Code.POLICY_DENIED, verdict.reason), "calls": []}
-                    normalized = args.model_dump(mode="json")
-                    calls.append(
-                        {
-                            "tool_call_id": tc_id,
-                            "call_index": index,
-                            "tool": spec.name,
-                            "version": spec.version,
-                            "args": normalized,
-                            "args_hash": ids.content_hash(normalized),
-                            "needs_approval": verdict.action == "approve",
-                            "reason": verdict.reason,
-                        }
-                    )
+                    else:
+                        normalized = args.model_dump(mode="json")
+                        calls.append(
+                            {
+                                "tool_call_id": tc_id,
+                                "call_index": index,
+                                "tool": spec.name,
+                                "version": spec.version,
+                                "args": normalized,
+                                "args_hash": ids.content_hash(normalized),
+                                "needs_approval": verdict.action == "approve",
+                                "reason": verdict.reason,
+                            }
+                        )
             if code is not None:
                 rejected.append(
                     {
@@ -99,7 +101,7 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
                         "code": code,
                         "message": message,
                         "tool_call_id": tc_id,
-                        "recovery": CODES[code].recovery,
+                        "recovery": recovery or CODES[code].recovery,
                     },
                     dedupe_key=f"error:{tc_id}",
                 )

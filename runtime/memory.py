@@ -13,19 +13,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from langgraph.store.base import BaseStore
+from langgraph.store.base import BaseStore, PutOp
 
 ROOT = "memory"
 LEAF = "="
 """Last label of every namespace holding items. BaseStore searches by namespace prefix,
 so without it a search of one namespace would also page through those below it;
-:func:`label` never produces it (its labels start with "%")."""
+:func:`label` never produces it (its labels start with "~")."""
+
+
+ESCAPED = "~.%_*?[\x00"
+"""Escaped in labels: the escape itself, BaseStore's separator (a tenant id may well hold
+a dot), and LIKE's and GLOB's wildcards, should a store ever match without escaping."""
 
 
 def label(text: str) -> str:
-    """A namespace label for ``text``: BaseStore forbids "." in labels and empty ones,
-    and a tenant id may well hold a dot; escaped reversibly, so two ids never share one."""
-    return "%" + text.replace("%", "%25").replace(".", "%2E").replace("\x00", "%00")
+    """A namespace label for ``text``: never empty (BaseStore forbids that), escaped
+    reversibly, so two ids never share one."""
+    return "~" + "".join(f"~{ord(c):02X}" if c in ESCAPED else c for c in text)
 
 
 class Memory:
@@ -50,15 +55,19 @@ class Memory:
 
     async def forget(self) -> int:
         """Delete every memory of this user, in every sub-namespace; how many there were."""
-        forgotten = 0
+        gone: set[tuple[tuple[str, ...], str]] = set()
         while True:
             # A search of the user's own prefix reaches every namespace below it.
             found = await self._store.asearch(self._prefix, limit=100)
-            if not found:
-                return forgotten
-            for item in found:
-                await self._store.adelete(tuple(item.namespace), item.key)
-            forgotten += len(found)
+            page = {(tuple(item.namespace), item.key) for item in found}
+            if not page or page <= gone:
+                # Nothing left; or a store that keeps what it was told to delete, which
+                # must not keep us here: what it kept is not counted.
+                return len(gone - page)
+            await self._store.abatch(
+                [PutOp(namespace, key, None) for namespace, key in sorted(page - gone)]
+            )
+            gone |= page
 
     async def items(self, *sub: str, limit: int = 100) -> dict[str, dict[str, Any]]:
         """The memories in ``sub`` (not those of namespaces below it), by key."""

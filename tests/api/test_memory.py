@@ -120,3 +120,28 @@ async def test_only_a_tenant_admin_reaches_another_users_memory(api: Api) -> Non
     gone = await api.client.delete("/memory", params={"user_id": "u-other"}, headers=admin)
     assert gone.json() == {"forgotten": 1}
     assert await answer(api, "recall color", user="u-other", tenant="other-co") == "red"
+
+
+async def test_a_users_memory_is_theirs_alone_whatever_the_ids(api: Api) -> None:
+    backend = await open_backend(api.settings.resolved_database_url)
+    try:
+        store = backend.memory
+        # Ids one of which is a prefix of the other, or that differ only where a LIKE
+        # or GLOB pattern would not look.
+        neighbours = [("acme.com", "anna"), ("acme-x.com", "ann"), ("acme%com", "a_n")]
+        for tenant, user in [("acme.com", "ann"), *neighbours]:
+            await Memory(store, tenant, user).put("k", {"who": f"{user}@{tenant}"})
+        ann = Memory(store, "acme.com", "ann")
+        assert await ann.items() == {"k": {"who": "ann@acme.com"}}
+
+        assert await ann.forget() == 1
+        for tenant, user in neighbours:
+            assert await Memory(store, tenant, user).get("k") == {"who": f"{user}@{tenant}"}
+    finally:
+        await backend.close()
+
+
+async def test_a_sub_namespace_label_is_bounded(api: Api) -> None:
+    too_long = await api.client.get("/memory", params={"sub": "x" * 201})
+    problem(too_long, 422, "VALIDATION_ERROR")
+    problem(await api.client.get("/memory", params={"sub": ""}), 422, "VALIDATION_ERROR")

@@ -75,6 +75,18 @@ async def test_a_denial_can_go_back_to_the_planner(env: NodeEnv) -> None:
     [*_, event] = await env.store.list_events(env.run_id)
     assert event.data["code"] == "POLICY_DENIED"
     assert event.data["tool_call_id"] == ids.tool_call_id(env.run_id, 0, 0)
+    assert event.data["recovery"] == "replan"
+
+
+async def test_a_step_with_a_replanned_denial_runs_none_of_its_calls(env: NodeEnv) -> None:
+    denied, risky = call("secret_soft", amount=1), call("refund", amount=5)
+    decision = Decision(kind="tool_calls", tool_calls=[*denied.tool_calls, *risky.tool_calls])
+
+    update = await env.guard(decision)
+
+    assert update["calls"] == [] and "outcome" not in update
+    assert [o["status"] for o in update["observations"]] == ["POLICY_DENIED"]
+    assert await env.store.list_approvals(run_id=env.run_id) == []
 
 
 async def test_guard_high_risk_needs_approval(env: NodeEnv) -> None:

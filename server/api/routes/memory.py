@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
+from pydantic import StringConstraints
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.memory import Memory
@@ -21,7 +22,8 @@ from server.auth.principal import ADMIN
 router = APIRouter(tags=["memory"], responses=PROBLEM_RESPONSES)
 
 UserQuery = Annotated[str | None, Query(min_length=1, max_length=200)]
-SubQuery = Annotated[list[str] | None, Query(max_length=8)]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+SubQuery = Annotated[list[Label] | None, Query(max_length=8)]
 
 
 def memory_of(engine: EngineDep, principal: Principal, user_id: str | None) -> Memory:
