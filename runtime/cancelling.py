@@ -24,8 +24,6 @@ from runtime.tooling import ToolContext, ToolResolver
 
 log = logging.getLogger(__name__)
 
-ToolsOf = Callable[[str], ToolResolver]
-"""agent_id → the tools of that agent."""
 CUT_OFF = "cancelled while running"
 
 
@@ -52,9 +50,13 @@ class CallSetting:
 
 
 async def finish_cancel(
-    store: RunStore, setting_of: Callable[[str], CallSetting], run_id: str, reason: str,
+    store: RunStore,
+    setting_of: Callable[[str], CallSetting],
+    run_id: str,
+    reason: str,
     compensate: bool,
-) -> None:  # fmt: skip
+) -> None:
+    """``setting_of``: agent_id → the tools and memory store its calls had."""
     run = await store.get_run(run_id)
     if run is None or run.state in TERMINAL:
         return
@@ -104,10 +106,15 @@ async def compensate_effects(store: RunStore, setting: CallSetting, run: Run) ->
                 spec.timeout_s,
             )
         except Exception as exc:
-            log.exception("compensation of %s failed", row.tool_call_id)
+            secrets = secret_values(spec, spec.args_model.model_validate(row.args))
+            if secrets:  # a traceback would print the values unscrubbed
+                log.error(
+                    "compensation of %s failed: %s", row.tool_call_id, scrub(repr(exc), secrets)
+                )
+            else:
+                log.exception("compensation of %s failed", row.tool_call_id)
             await store.release_compensation(row.tool_call_id, done=False)
             # The record says which compensations ran, and which were tried and failed.
-            secrets = secret_values(spec, spec.args_model.model_validate(row.args))
             await store.append_event(
                 run.run_id,
                 EventType.ERROR,
