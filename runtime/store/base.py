@@ -379,14 +379,22 @@ def tenant_limit(max_active: int) -> RuntimeProblem:
     )
 
 
-async def iterate_events(store: RunStore, run_id: str, after: int) -> AsyncIterator[Event]:
+async def event_pages(
+    store: RunStore, run_id: str, after: int, limit: int = 1000
+) -> AsyncIterator[list[Event]]:
+    """The run's log after ``after``, a page of at most ``limit`` events at a time."""
     while True:
-        batch = await store.list_events(run_id, after)
+        batch = await store.list_events(run_id, after, limit=limit)
         if not batch:
             return
+        yield batch
+        after = batch[-1].seq
+
+
+async def iterate_events(store: RunStore, run_id: str, after: int) -> AsyncIterator[Event]:
+    async for batch in event_pages(store, run_id, after):
         for event in batch:
             yield event
-        after = batch[-1].seq
 
 
 def _cancel_intent(stored: str | None) -> tuple[str, bool] | None:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from runtime.model import Approval, Run
-from runtime.store.base import RunStore
+from runtime.store.base import RunStore, event_pages
 from server.api.redaction import RunTools, redact_steps, redact_tool_calls
 
 EVENTS_PER_CHUNK = 1000
@@ -53,11 +53,8 @@ async def trace_head(store: RunStore, tools: RunTools, run: Run) -> str:
 
 async def trace_body(store: RunStore, run_id: str, head: str) -> AsyncIterator[bytes]:
     yield head.encode()
-    after, sep = 0, ""
-    while True:
-        batch = await store.list_events(run_id, after, limit=EVENTS_PER_CHUNK)
-        if not batch:
-            break
+    sep = ""
+    async for batch in event_pages(store, run_id, 0, EVENTS_PER_CHUNK):
         yield (sep + ",".join(_json(e.model_dump(mode="json")) for e in batch)).encode()
-        after, sep = batch[-1].seq, ","
+        sep = ","
     yield b"]}"
