@@ -9,9 +9,10 @@ with none.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
+from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import START, StateGraph
 
 from nodes.approval import make_approval_node
@@ -69,6 +70,21 @@ def route_after_finish(state: RunState) -> Literal["planner", "__end__"]:
 
 def route_after_handoff(state: RunState) -> Literal["planner", "__end__"]:
     return "__end__" if state.get("outcome") else "planner"
+
+
+def inline(router: Callable[[RunState], str]) -> RunnableCallable:
+    """``router`` as LangGraph's own branches run: in the loop's thread, untraced.
+
+    Given a plain function, ``add_conditional_edges`` runs it on the thread pool under a
+    callback run of its own: a thread hop and a tracing round for a dict lookup, at every
+    superstep of every run. The router stays a plain function (its ``Literal`` still
+    names the edges); only how LangGraph calls it changes.
+    """
+
+    async def arouter(state: RunState) -> str:
+        return router(state)
+
+    return RunnableCallable(router, arouter, name=router.__name__, trace=False)
 
 
 def hosted_agents(root: SubAgent) -> dict[str, SubAgent]:
@@ -131,11 +147,11 @@ def build_run_graph(
     builder.add_node("handoff", make_handoff_node(targets, root))
     builder.add_node("handback", make_handback_node())
     builder.add_edge(START, "planner")
-    builder.add_conditional_edges("planner", route_after_planner)
-    builder.add_conditional_edges("guard", route_after_guard)
-    builder.add_conditional_edges("approval", route_after_approval)
-    builder.add_conditional_edges("executor", route_after_executor)
-    builder.add_conditional_edges("finish", route_after_finish)
-    builder.add_conditional_edges("handoff", route_after_handoff)
+    builder.add_conditional_edges("planner", inline(route_after_planner))
+    builder.add_conditional_edges("guard", inline(route_after_guard))
+    builder.add_conditional_edges("approval", inline(route_after_approval))
+    builder.add_conditional_edges("executor", inline(route_after_executor))
+    builder.add_conditional_edges("finish", inline(route_after_finish))
+    builder.add_conditional_edges("handoff", inline(route_after_handoff))
     builder.add_edge("handback", "planner")
     return builder
