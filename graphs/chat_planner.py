@@ -327,18 +327,22 @@ class ChatModelPlanner:
     async def next_step(self, view: PlannerView) -> Decision:
         bound = self.model.bind_tools(tool_schemas(view.tools) + handoff_schemas(view.agents))
         messages = self.messages(view)
+        # Each attempt is a call the run's LLM budget counts: retries stay within it.
+        allowed = self.max_attempts
+        if view.llm_calls_left is not None:
+            allowed = max(1, min(allowed, view.llm_calls_left))
         attempt = 1
         while True:
             try:
                 reply = await bound.ainvoke(messages)
                 break
             except Exception as exc:
-                if attempt >= self.max_attempts or not is_transient(exc):
+                if attempt >= allowed or not is_transient(exc):
                     raise
                 delay = self.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())
                 log.warning(
                     "model call %d of %d for %s failed (%r); asking again in %.1fs",
-                    attempt, self.max_attempts, view.run_id, exc, delay,
+                    attempt, allowed, view.run_id, exc, delay,
                 )  # fmt: skip
                 await asyncio.sleep(delay)
                 attempt += 1

@@ -151,6 +151,7 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
                     str(code or Code.TOOL_FAILED),
                     f"{row.tool} {row.tool_call_id}: "
                     + str((row.error or {}).get("message", row.status)),
+                    tool_call_id=row.tool_call_id,
                 )
                 break
         return update

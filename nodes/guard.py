@@ -57,18 +57,9 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
                         code, message = Code.POLICY_DENIED, verdict.reason
                         recovery = Recovery.REPLAN  # the planner takes another path
                     elif verdict.action == "deny":
-                        await ctx.store.append_event(
-                            ctx.run_id,
-                            EventType.ERROR,
-                            {
-                                "code": Code.POLICY_DENIED,
-                                "message": verdict.reason,
-                                "tool_call_id": tc_id,
-                                "recovery": CODES[Code.POLICY_DENIED].recovery,
-                            },
-                            dedupe_key=f"error:{tc_id}",
-                        )
-                        return {"outcome": failed(Code.POLICY_DENIED, verdict.reason), "calls": []}
+                        # The run stops: its end writes the one error event, naming the call.
+                        outcome = failed(Code.POLICY_DENIED, verdict.reason, tool_call_id=tc_id)
+                        return {"outcome": outcome, "calls": []}
                     else:
                         normalized = args.model_dump(mode="json")
                         calls.append(

@@ -15,7 +15,6 @@ from langgraph.runtime import Runtime
 from runtime.budget import before_plan, limits_from
 from runtime.context import Context, services
 from runtime.errors import Code
-from runtime.events import EventType
 from runtime.model import Decision, RunContext, Step, Usage, utcnow
 from runtime.planner import Observation, Planner, PlannerView
 from runtime.state import RunState, failed
@@ -59,16 +58,13 @@ def make_planner_node(
                 agent_id=agent_id or "",
                 task_data=state.get("task_data"),  # type: ignore[typeddict-item]
                 agents=list(agents),
+                llm_calls_left=limits.max_llm_calls - usage.llm_calls,
             )
             started = utcnow()
             try:
                 decision = await planner.next_step(view)
             except Exception as exc:  # a planner bug or a model outage ends the run, visibly
-                await ctx.store.append_event(
-                    ctx.run_id,
-                    EventType.ERROR,
-                    {"code": Code.PLANNER_ERROR, "message": repr(exc), "recovery": "none"},
-                )
+                # (its error event is written with the run's end, as every failure's is)
                 return {"outcome": failed(Code.PLANNER_ERROR, repr(exc))}
             if decision.kind == "tool_calls" and not decision.tool_calls:
                 decision = Decision(kind="finish", summary="no tool calls proposed")

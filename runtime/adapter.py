@@ -107,8 +107,11 @@ async def fail_run(
     message: str,
     *,
     compensations: list[str] | None = None,
+    tool_call_id: str | None = None,
 ) -> Run | None:
-    """End a run as failed with ``code``: error event, outcome with side effects, state event."""
+    """End a run as failed with ``code``: error event, outcome with side effects, state event.
+
+    ``tool_call_id``: the call that stopped the run, named in its error event."""
     run = await store.get_run(run_id)
     if run is None or run.state in TERMINAL:
         return run
@@ -133,6 +136,8 @@ async def fail_run(
         compensations=compensations if compensations is not None else compensated,
     )
     error = {"code": code.value, "message": message, "recovery": CODES[code].recovery.value}
+    if tool_call_id is not None:
+        error["tool_call_id"] = tool_call_id
     return await store.transition(
         run_id,
         trigger,
@@ -228,12 +233,14 @@ class Adapter:
             )
             self.state = run.state
             return run
+        call_id: str | None = None
         if outcome:
             code, message = Code(outcome["code"]), outcome.get("message", "")
+            call_id = outcome.get("tool_call_id")
         else:
             code, message = Code.INTERNAL_ERROR, "the graph ended without an outcome"
         await self.store.update_run(self.run_id, **self._progress())
-        failed_run = await fail_run(self.store, self.run_id, code, message)
+        failed_run = await fail_run(self.store, self.run_id, code, message, tool_call_id=call_id)
         if failed_run is not None:
             self.state = failed_run.state
         return failed_run

@@ -48,6 +48,9 @@ class PlannerView(BaseModel):
     task_data: dict[str, Any] | None = None
     agents: list[dict[str, Any]] = Field(default_factory=list)
     """Agents this planner may hand off to (agent_id, description)."""
+    llm_calls_left: int | None = None
+    """Model calls the run's budget still allows (at least 1 when a planner is asked):
+    a planner that retries must not make more. None: no limit known."""
 
 
 class Planner(Protocol):

@@ -51,6 +51,10 @@ class RunState(InputState, total=False):
     """The answer of a succeeded run."""
 
 
-def failed(code: str, message: str) -> dict[str, Any]:
-    """The ``outcome`` a node returns when the run cannot go on."""
-    return {"status": "failed", "code": code, "message": message}
+def failed(code: str, message: str, *, tool_call_id: str | None = None) -> dict[str, Any]:
+    """The ``outcome`` a node returns when the run cannot go on; ``tool_call_id``: the
+    call that stopped it. The run's one ``error`` event is written with its end."""
+    outcome = {"status": "failed", "code": code, "message": message}
+    if tool_call_id is not None:
+        outcome["tool_call_id"] = tool_call_id
+    return outcome

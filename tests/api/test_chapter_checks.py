@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from runtime import ids
 from tests.agents import counter_lines
 from tests.api.conftest import Api, states
 from tools.retail import count_outbox, outbox_rows
@@ -85,7 +86,13 @@ async def test_1_english_question_other_region_needs_its_scope(api: Api) -> None
     assert final["outcome"]["code"] == "POLICY_DENIED"
     assert final["outcome"]["side_effects"] == []
     events = await api.events(run["run_id"])
-    assert events[-2]["type"] == "error" and events[-2]["data"]["code"] == "POLICY_DENIED"
+    # One error event for one failure, naming the call the policy stopped.
+    [error] = [e for e in events if e["type"] == "error"]
+    assert error == events[-2] and error["data"]["code"] == "POLICY_DENIED"
+    *_, last = (await api.client.get(f"/runs/{run['run_id']}/steps")).json()
+    proposed = range(len(last["decision"]["tool_calls"]))
+    denied = {ids.tool_call_id(run["run_id"], last["step_index"], i) for i in proposed}
+    assert error["data"]["tool_call_id"] in denied
 
 
 async def test_2_argument_error_is_fed_back_and_corrected(api: Api) -> None:

@@ -424,6 +424,22 @@ async def test_retries_are_bounded(tools: list[dict[str, Any]]) -> None:
     assert len(model.calls) == 3
 
 
+async def test_retries_stay_within_the_runs_llm_budget(tools: list[dict[str, Any]]) -> None:
+    model = scripted(reply(tool_call("query_sales", region="east")))
+    model.raises = [RateLimitError(str(i)) for i in range(5)]
+    last_two = view(tools).model_copy(update={"llm_calls_left": 2})
+    with pytest.raises(RateLimitError, match="1"):
+        await ChatModelPlanner(model, backoff_s=0, max_attempts=3).next_step(last_two)
+    assert len(model.calls) == 2
+
+    model = scripted(reply(tool_call("query_sales", region="east")))
+    model.raises = [RateLimitError("0")]
+    last_one = view(tools).model_copy(update={"llm_calls_left": 1})
+    with pytest.raises(RateLimitError):
+        await ChatModelPlanner(model, backoff_s=0).next_step(last_one)
+    assert len(model.calls) == 1
+
+
 class ConnectError(Exception):
     """Named like httpx.ConnectError."""
 
