@@ -71,5 +71,19 @@ class Memory:
 
     async def items(self, *sub: str, limit: int = 100) -> dict[str, dict[str, Any]]:
         """The memories in ``sub`` (not those of namespaces below it), by key."""
-        found = await self._store.asearch(self._namespace(sub), limit=limit)
-        return {item.key: dict(item.value) for item in found}
+        return (await self.page(*sub, limit=limit))[0]
+
+    async def page(
+        self, *sub: str, limit: int = 100, offset: int = 0
+    ) -> tuple[dict[str, dict[str, Any]], int | None]:
+        """``limit`` memories of ``sub`` from ``offset`` in the store's order (the most
+        recently written first, to the store's clock: SQLite's counts seconds), by key,
+        and the offset of the next page (None: the last).
+
+        BaseStore pages by offset only: a memory written while someone pages may move an
+        item across a page boundary (seen twice, or not at all in that listing)."""
+        found = await self._store.asearch(self._namespace(sub), limit=limit + 1, offset=offset)
+        more = len(found) > limit
+        return {item.key: dict(item.value) for item in found[:limit]}, (
+            offset + limit if more else None
+        )

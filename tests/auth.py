@@ -10,9 +10,13 @@ import jwt
 TEST_JWT_SECRET = "agent-runtime-tests-only-secret-0123456789"
 
 
+OPS_USER, OPS_TENANT = "u-ops-001", "demo-retail"
+"""Whom :data:`OPS` (and a token with no principal named) speaks for."""
+
+
 def token(
-    user: str = "u-ops-001",
-    tenant: str = "demo-retail",
+    user: str = OPS_USER,
+    tenant: str = OPS_TENANT,
     roles: Iterable[str] = (),
     scopes: Iterable[str] = ("*",),
     ttl_s: float = 3600,

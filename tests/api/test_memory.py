@@ -11,7 +11,7 @@ from runtime.memory import Memory
 from runtime.model import RunContext, RunCreate
 from tests.api.conftest import Api
 from tests.api.helpers import problem
-from tests.auth import bearer
+from tests.auth import OPS_TENANT, OPS_USER, bearer
 
 
 async def answer(api: Api, text: str, user: str = "ann", tenant: str = "acme.com") -> str:
@@ -84,10 +84,6 @@ async def test_a_namespace_lists_its_own_items_not_those_below_it(api: Api) -> N
         assert await mine.items("projects") == {}
     finally:
         await backend.close()
-
-
-OPS_USER, OPS_TENANT = "u-ops-001", "demo-retail"
-"""The API client's own principal (tests.auth.OPS)."""
 
 
 async def test_a_user_sees_and_forgets_what_agents_keep_about_them(api: Api) -> None:

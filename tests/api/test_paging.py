@@ -1,4 +1,4 @@
-"""Long lists come in pages: the approval inbox and a run's event log as JSON.
+"""Long lists come in pages: the approval inbox, a run's event log as JSON, a user's memory.
 
 Both stay JSON lists (as DESIGN §5 has them); a page that is not the last says
 where the next one is in a ``Link: <…>; rel="next"`` header (RFC 8288).
@@ -11,8 +11,11 @@ from typing import Any
 
 import httpx
 
+from runtime.memory import Memory
+from runtime.store.core import encode_cursor
 from tests.api.conftest import Api
 from tests.api.helpers import parked_demo_run, problem
+from tests.auth import OPS_TENANT, OPS_USER
 
 JSON = {"Accept": "application/json"}
 
@@ -89,3 +92,26 @@ async def test_the_trace_is_the_whole_record_however_long(api: Api) -> None:
     trace = Trace.model_validate(resp.json())
     assert [e.seq for e in trace.events] == list(range(1, last + 1))
     assert trace.run.run_id == run_id and trace.approvals and trace.steps
+
+
+async def test_a_users_memory_pages(api: Api) -> None:
+    assert api.engine.memory is not None
+    mine = Memory(api.engine.memory, OPS_TENANT, OPS_USER)
+    for i in range(5):
+        await mine.put(f"k{i}", {"v": i})
+
+    resp = await api.client.get("/memory?limit=2")
+    pages: list[dict[str, Any]] = [resp.json()]
+    while (url := next_url(resp)) is not None:
+        resp = await api.client.get(url)
+        assert resp.status_code == 200, resp.text
+        pages.append(resp.json())
+
+    assert [len(p) for p in pages] == [2, 2, 1]
+    keys = [k for p in pages for k in p]
+    assert sorted(keys) == [f"k{i}" for i in range(5)]
+    assert next_url(await api.client.get("/memory")) is None
+    # Another list's cursor, or one made up, is refused.
+    inbox_cursor = encode_cursor("2026-01-01T00:00:00Z", "ap-1")
+    for bad in ["not-a-cursor", inbox_cursor, encode_cursor("memory", "-1")]:
+        problem(await api.client.get("/memory", params={"cursor": bad}), 422, "VALIDATION_ERROR")

@@ -12,6 +12,7 @@ from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
 from runtime.model import Approval, ApprovalStatus, Run, Strict
 from server.api.deps import EngineDep, PrincipalDep, RunDep, StoreDep
+from server.api.paging import next_link
 from server.api.problems import PROBLEM_RESPONSES
 from server.api.redaction import RunTools
 from server.auth.principal import APPROVER
@@ -43,12 +44,8 @@ async def list_approvals(
         status=state, run_id=run_id, tenant_id=principal.tenant_id, limit=limit, cursor=cursor
     )
     if next_cursor is not None:
-        response.headers["Link"] = next_link(request, next_cursor)
+        response.headers["Link"] = next_link(request, cursor=next_cursor)
     return page
-
-
-def next_link(request: Request, cursor: str) -> str:
-    return f'<{request.url.include_query_params(cursor=cursor)}>; rel="next"'
 
 
 @router.post(

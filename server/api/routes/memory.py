@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import StringConstraints
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.memory import Memory
+from runtime.store.core import decode_cursor, encode_cursor
 from server.api.deps import EngineDep, PrincipalDep
+from server.api.paging import next_link
 from server.api.problems import PROBLEM_RESPONSES
 from server.auth import Principal
 from server.auth.principal import ADMIN
@@ -35,16 +37,39 @@ def memory_of(engine: EngineDep, principal: Principal, user_id: str | None) -> M
     return Memory(engine.memory, principal.tenant_id, user)
 
 
+CURSOR = "memory"
+"""The first part of a memory listing's cursor: one of another list is refused."""
+MAX_OFFSET = 1_000_000
+
+
+def cursor_offset(cursor: str | None) -> int:
+    if cursor is None:
+        return 0
+    kind, offset = decode_cursor(cursor)
+    if kind != CURSOR or not offset.isdigit() or int(offset) > MAX_OFFSET:
+        raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
+    return int(offset)
+
+
 @router.get("/memory")
 async def list_memory(
+    request: Request,
+    response: Response,
     engine: EngineDep,
     principal: PrincipalDep,
     user_id: UserQuery = None,
     sub: SubQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> dict[str, dict[str, Any]]:
-    """The memories in a namespace (``?sub=a&sub=b``; the user's top one by default), by key."""
-    return await memory_of(engine, principal, user_id).items(*(sub or []), limit=limit)
+    """The memories in a namespace (``?sub=a&sub=b``; the user's top one by default), by
+    key, the most recently written first (to the second). More than ``limit``: the next
+    page's address is in a ``Link: <…>; rel="next"`` header."""
+    memory = memory_of(engine, principal, user_id)
+    items, more = await memory.page(*(sub or []), limit=limit, offset=cursor_offset(cursor))
+    if more is not None:
+        response.headers["Link"] = next_link(request, cursor=encode_cursor(CURSOR, str(more)))
+    return items
 
 
 @router.delete("/memory/{key}", status_code=204)

@@ -30,6 +30,7 @@ from server.api.deps import (
     StoreDep,
     may_steer,
 )
+from server.api.paging import next_link
 from server.api.problems import PROBLEM_RESPONSES
 from server.api.redaction import RunTools, redact_steps, redact_tool_calls
 from server.api.trace import trace_body, trace_head
@@ -164,8 +165,7 @@ async def run_events(
         events = await services.store.list_events(run.run_id, start, limit=limit + 1)
         page = JSONResponse([e.model_dump(mode="json") for e in events[:limit]])
         if len(events) > limit:
-            url = request.url.include_query_params(after=events[limit - 1].seq)
-            page.headers["Link"] = f'<{url}>; rel="next"'
+            page.headers["Link"] = next_link(request, after=events[limit - 1].seq)
         return page
     release = services.streams.acquire(
         (principal.tenant_id, principal.user_id), services.settings.max_streams_per_principal

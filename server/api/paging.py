@@ -1,0 +1,16 @@
+"""Lists that go on: the next page's address in an RFC 8288 ``Link`` header.
+
+The body stays what it was (a list, or a map by key), so a client that reads only
+the first page keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+
+
+def next_link(request: Request, **params: Any) -> str:
+    """``<this URL with params replaced>; rel="next"``."""
+    return f'<{request.url.include_query_params(**params)}>; rel="next"'
