@@ -34,7 +34,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.messages import ToolCall as LCToolCall
 
 from runtime.model import Decision, DecisionUsage, Handoff, ProposedCall
-from runtime.planner import Observation, PlannerView, handoff_tool
+from runtime.planner import LLM_CALLS, Observation, PlannerView, handoff_tool
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an enterprise analyst agent. Answer the user's question with the tools "
@@ -338,6 +338,8 @@ class ChatModelPlanner:
                 break
             except Exception as exc:
                 if attempt >= allowed or not is_transient(exc):
+                    # The calls made still count against the run's budget.
+                    setattr(exc, LLM_CALLS, attempt)
                     raise
                 delay = self.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())
                 log.warning(

@@ -123,10 +123,15 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
                 ],
                 "memory_version": state.get("memory_version", 0) + 1,
             }
-        first = rejected[0]["row"]
-        message = f"{first.tool} rejected by {first.decided_by}" + (
-            f": {first.comment}" if first.comment else ""
+        # The rejection that ends the run (the loop stopped at it), not one sent back.
+        stopper = next(r for r in rejected if r["on_reject"] == "fail")
+        row = stopper["row"]
+        message = f"{row.tool} rejected by {row.decided_by}" + (
+            f": {row.comment}" if row.comment else ""
         )
-        return {"outcome": failed(Code.APPROVAL_REJECTED, message), "calls": []}
+        outcome = failed(
+            Code.APPROVAL_REJECTED, message, tool_call_id=stopper["call"]["tool_call_id"]
+        )
+        return {"outcome": outcome, "calls": []}
 
     return approval_node

@@ -16,7 +16,7 @@ from runtime.budget import before_plan, limits_from
 from runtime.context import Context, services
 from runtime.errors import Code
 from runtime.model import Decision, RunContext, Step, Usage, utcnow
-from runtime.planner import Observation, Planner, PlannerView
+from runtime.planner import Observation, Planner, PlannerView, llm_calls_of
 from runtime.state import RunState, failed
 from runtime.tooling import ToolResolver
 
@@ -65,7 +65,16 @@ def make_planner_node(
                 decision = await planner.next_step(view)
             except Exception as exc:  # a planner bug or a model outage ends the run, visibly
                 # (its error event is written with the run's end, as every failure's is)
-                return {"outcome": failed(Code.PLANNER_ERROR, repr(exc))}
+                spent = usage.model_copy(
+                    update={
+                        "llm_calls": usage.llm_calls + llm_calls_of(exc),
+                        "active_s": ctx.active_s(),
+                    }
+                )
+                return {
+                    "outcome": failed(Code.PLANNER_ERROR, repr(exc)),
+                    "usage": spent.model_dump(),
+                }
             if decision.kind == "tool_calls" and not decision.tool_calls:
                 decision = Decision(kind="finish", summary="no tool calls proposed")
             # Whose decision it is is the runtime's to say, not the planner's.

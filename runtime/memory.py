@@ -77,8 +77,8 @@ class Memory:
         self, *sub: str, limit: int = 100, offset: int = 0
     ) -> tuple[dict[str, dict[str, Any]], int | None]:
         """``limit`` memories of ``sub`` from ``offset`` in the store's order (the most
-        recently written first, to the store's clock: SQLite's counts seconds), by key,
-        and the offset of the next page (None: the last).
+        recently written first; ties, such as writes within one second on SQLite, in no
+        set order), by key, and the offset of the next page (None: the last).
 
         BaseStore pages by offset only: a memory written while someone pages may move an
         item across a page boundary (seen twice, or not at all in that listing)."""

@@ -53,5 +53,15 @@ class PlannerView(BaseModel):
     a planner that retries must not make more. None: no limit known."""
 
 
+LLM_CALLS = "llm_calls"
+"""The attribute on a planner's exception that says how many model calls the failed
+step made (each counts against the run's budget); 0 where it does not say."""
+
+
+def llm_calls_of(exc: BaseException) -> int:
+    calls = getattr(exc, LLM_CALLS, 0)
+    return calls if isinstance(calls, int) and calls > 0 else 0
+
+
 class Planner(Protocol):
     async def next_step(self, view: PlannerView) -> Decision: ...

@@ -231,3 +231,7 @@ async def test_a_model_error_fails_the_run_as_a_planner_error(settings: Settings
         assert "provider unavailable" in final["outcome"]["message"]
         steps = (await api.client.get(f"/runs/{run['run_id']}/steps")).json()
         assert steps == []
+        # The failed call is still a call the budget counts; one failure, one error event.
+        assert final["usage"]["llm_calls"] == 1 == len(model.calls)
+        errors = [e for e in await api.events(run["run_id"]) if e["type"] == "error"]
+        assert [e["data"]["code"] for e in errors] == ["PLANNER_ERROR"]

@@ -113,5 +113,6 @@ async def test_a_users_memory_pages(api: Api) -> None:
     assert next_url(await api.client.get("/memory")) is None
     # Another list's cursor, or one made up, is refused.
     inbox_cursor = encode_cursor("2026-01-01T00:00:00Z", "ap-1")
-    for bad in ["not-a-cursor", inbox_cursor, encode_cursor("memory", "-1")]:
+    made_up = [encode_cursor("memory", n) for n in ("-1", "²", "10000000", "")]
+    for bad in ["not-a-cursor", inbox_cursor, *made_up]:
         problem(await api.client.get("/memory", params={"cursor": bad}), 422, "VALIDATION_ERROR")

@@ -33,7 +33,7 @@ from graphs.chat_planner import (
 )
 from graphs.retail_analyst import RETAIL_PROMPT, build_agent
 from runtime.model import RunContext
-from runtime.planner import Observation, PlannerView
+from runtime.planner import Observation, PlannerView, llm_calls_of
 from server.settings import Settings
 from tools.retail import RetailPlanner, build_registry, generate
 
@@ -419,9 +419,10 @@ async def test_a_model_error_that_is_not_transient_is_not_retried(
 async def test_retries_are_bounded(tools: list[dict[str, Any]]) -> None:
     model = scripted(reply(tool_call("query_sales", region="east")))
     model.raises = [RateLimitError(str(i)) for i in range(5)]
-    with pytest.raises(RateLimitError, match="2"):
+    with pytest.raises(RateLimitError, match="2") as failed:
         await ChatModelPlanner(model, backoff_s=0, max_attempts=3).next_step(view(tools))
     assert len(model.calls) == 3
+    assert llm_calls_of(failed.value) == 3  # what the planner node adds to the run's usage
 
 
 async def test_retries_stay_within_the_runs_llm_budget(tools: list[dict[str, Any]]) -> None:

@@ -86,6 +86,7 @@ async def test_approval_asks_a_human_and_the_resume_decides(env: NodeEnv, answer
             "status": "failed",
             "code": "APPROVAL_REJECTED",
             "message": "refund@1 rejected by graph-resume: why not",
+            "tool_call_id": row.tool_call_id,  # the run's error event names it
         }
 
 
@@ -128,6 +129,22 @@ async def test_a_failing_rejection_does_not_ask_about_the_rest(env: NodeEnv) -> 
 
     assert final["outcome"]["code"] == "APPROVAL_REJECTED" and await graph.asked() == []
     assert len(await env.store.list_approvals(run_id=env.run_id)) == 1
+
+
+async def test_the_run_ends_naming_the_rejection_that_ends_it(env: NodeEnv) -> None:
+    graph = OneNode(env)
+    state = await guarded(env, call("refund_soft", amount=5), call("refund", amount=6))
+    await graph.run(state)
+    await graph.run(Command(resume={"decision": "reject", "comment": "soft"}))
+
+    final = await graph.run(Command(resume={"decision": "reject", "comment": "hard"}))
+
+    # The first rejection alone would go back to the planner; the second ends the run.
+    assert final["outcome"]["tool_call_id"] == state["calls"][1]["tool_call_id"]
+    assert (
+        final["outcome"]["message"].startswith("refund@1 rejected")
+        and "hard" in (final["outcome"]["message"])
+    )
 
 
 async def test_a_replannable_rejection_goes_back_to_the_planner(env: NodeEnv) -> None:

@@ -53,6 +53,17 @@ async def test_the_planner_is_told_how_many_llm_calls_the_budget_leaves(env: Nod
     assert planner.views[0].llm_calls_left == 2
 
 
+async def test_a_failed_step_still_counts_the_llm_calls_it_made(env: NodeEnv) -> None:
+    error = TimeoutError("model timed out")
+    error.llm_calls = 3  # type: ignore[attr-defined]  # as ChatModelPlanner says it
+    state = env.state(usage=Usage(llm_calls=2).model_dump())
+
+    update = await make_planner_node(CountingPlanner(error), env.tools)(state, env.runtime)
+
+    assert update["outcome"]["code"] == "PLANNER_ERROR"
+    assert update["usage"]["llm_calls"] == 5
+
+
 async def test_planner_replays_the_recorded_decision(env: NodeEnv) -> None:
     planner = CountingPlanner(call("echo", text="a", n=1), finish("different"))
     node = make_planner_node(planner, env.tools)

@@ -7,6 +7,7 @@ Callers reach their own memory; a tenant admin may reach a user of the tenant
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
@@ -46,7 +47,8 @@ def cursor_offset(cursor: str | None) -> int:
     if cursor is None:
         return 0
     kind, offset = decode_cursor(cursor)
-    if kind != CURSOR or not offset.isdigit() or int(offset) > MAX_OFFSET:
+    # ASCII digits only: str.isdigit() admits "²", which int() refuses.
+    if kind != CURSOR or not re.fullmatch(r"[0-9]{1,7}", offset) or int(offset) > MAX_OFFSET:
         raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
     return int(offset)
 
@@ -63,8 +65,9 @@ async def list_memory(
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> dict[str, dict[str, Any]]:
     """The memories in a namespace (``?sub=a&sub=b``; the user's top one by default), by
-    key, the most recently written first (to the second). More than ``limit``: the next
-    page's address is in a ``Link: <…>; rel="next"`` header."""
+    key, in the store's order (the most recently written first; those written within the
+    same second in no set order). More than ``limit``: the next page's address is in a
+    ``Link: <…>; rel="next"`` header."""
     memory = memory_of(engine, principal, user_id)
     items, more = await memory.page(*(sub or []), limit=limit, offset=cursor_offset(cursor))
     if more is not None:
