@@ -10,6 +10,12 @@ once, only its hash is kept:
     agent-runtime keys list [--tenant T]
     agent-runtime keys revoke KEY_ID
 
+Retention, straight in the database: delete runs that ended (succeeded or failed)
+more than DAYS ago, with their events, ledger, checkpoints and the artifacts no
+other run names (``--dry-run``: only count them):
+
+    agent-runtime prune --older-than DAYS [--dry-run] [--json]
+
 Client side, against a running server (``--url``, default ``$AGENT_RUNTIME_URL`` or
 http://127.0.0.1:8000), as ``--token`` (default ``$AGENT_RUNTIME_TOKEN``, else the
 embedded default's local keys in ``$AGENT_RUNTIME_DATA_DIR/local-keys.json``):
@@ -162,7 +168,52 @@ async def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- prune -----------------------------------------------------------------------------
+
+
+async def _prune(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from runtime.backend import open_backend
+    from runtime.model import utcnow
+    from runtime.retention import prune
+    from server.settings import Settings
+
+    cutoff = utcnow() - timedelta(days=args.older_than)
+    backend = await open_backend(Settings().resolved_database_url)
+    try:
+        if args.dry_run:
+            count = await backend.store.count_ended_runs(cutoff)
+            report: dict[str, Any] = {"ended_before": cutoff.isoformat(), "runs": count}
+            text = f"{count} runs ended before {cutoff:%Y-%m-%d %H:%M} UTC (nothing deleted)"
+        else:
+            pruned = await prune(backend.store, backend.checkpointer, cutoff)
+            report = {
+                "ended_before": cutoff.isoformat(),
+                "runs": len(pruned.runs),
+                "artifacts": pruned.artifacts,
+            }
+            text = (
+                f"deleted {len(pruned.runs)} runs ended before {cutoff:%Y-%m-%d %H:%M} UTC "
+                f"and {pruned.artifacts} artifacts no other run names"
+            )
+    finally:
+        await backend.close()
+    print(json.dumps(report) if args.json else text)
+    return 0
+
+
 # -- arguments -----------------------------------------------------------------------
+
+
+def _days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError("must be a number of days") from exc
+    if not 0 <= value <= 365_000:
+        raise argparse.ArgumentTypeError("must be between 0 and 365000 days")
+    return value
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -219,6 +270,13 @@ def build_parser() -> argparse.ArgumentParser:
     keys_list.add_argument("--tenant")
     revoke = keys_sub.add_parser("revoke", help="revoke a key at once")
     revoke.add_argument("key_id")
+
+    prune = sub.add_parser(
+        "prune", help="delete runs that ended more than --older-than days ago (in the database)"
+    )
+    prune.add_argument("--older-than", type=_days, required=True, metavar="DAYS")
+    prune.add_argument("--dry-run", action="store_true", help="count them; delete nothing")
+    prune.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -319,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         return _server_command(args)
     if args.command == "keys":
         return asyncio.run(_keys(args))
+    if args.command == "prune":
+        return asyncio.run(_prune(args))
     return client_command(args)
 
 

@@ -8,11 +8,13 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 from runtime.agent import AgentSpec
 from runtime.backend import open_backend
 from runtime.engine import Engine
 from runtime.eventbus import EventBus
+from runtime.retention import keep_pruning
 from runtime.retry import DriveRetry
 from runtime.store.base import RunStore
 from runtime.store.leases import CANCEL_CHANNEL, EVENTS_CHANNEL, WORK_CHANNEL
@@ -85,9 +87,24 @@ async def open_host(
     worker = Worker(engine, concurrency=settings.worker_concurrency) if run_worker else None
     if worker is not None:
         worker.start()
+    pruning = None
+    if run_worker and settings.retention_days is not None:
+        pruning = asyncio.create_task(
+            keep_pruning(
+                backend.store,
+                backend.checkpointer,
+                timedelta(days=settings.retention_days),
+                settings.retention_interval_s,
+            ),
+            name="prune",
+        )
     try:
         yield Host(settings, backend.store, engine, bus, worker)
     finally:
+        if pruning is not None:
+            pruning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pruning
         if worker is not None:
             await worker.stop(settings.shutdown_grace_s)
         else:

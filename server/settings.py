@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     """Runs one process drives at once."""
     shutdown_grace_s: float = 10.0
     """On SIGTERM: how long current drives may finish before they are handed back."""
+    retention_days: float | None = Field(default=None, gt=0)
+    """Keep runs that ended (succeeded or failed) this many days, then delete them with
+    their events, ledger, checkpoints and the artifacts no other run names; each
+    worker prunes every ``retention_interval_s``. Unset: kept forever (``agent-runtime
+    prune`` deletes on demand)."""
+    retention_interval_s: float = Field(default=3600.0, gt=0)
     metrics_token: SecretStr | None = None
     """Serve GET /metrics (Prometheus) to a scraper presenting this bearer token; unset,
     /metrics is 404. Not an API key: it reads counts across tenants, nothing else."""

@@ -6,6 +6,9 @@ from runtime.events import EventType
 from runtime.model import Artifact
 from runtime.store.core import StoreCore, _dec
 
+ARTIFACT_KEY = "artifact:"
+"""The dedupe key prefix of a run's ``artifact`` events: the artifact's references."""
+
 
 class ArtifactQueries(StoreCore):
     """Artifact rows."""
@@ -15,6 +18,9 @@ class ArtifactQueries(StoreCore):
     async def put_artifact(self, artifact: Artifact, content: bytes) -> Artifact:
         """Store content-addressed bytes once; the artifact event goes to the run's log."""
         async with self.tx() as tx:
+            # Retention deletes an artifact no event names under the same lock: the row
+            # is either seen here and kept, or gone and written again.
+            await self._lock_key(tx, f"{ARTIFACT_KEY}{artifact.artifact_id}")
             await self._insert_once(
                 tx,
                 "artifacts",
@@ -27,7 +33,7 @@ class ArtifactQueries(StoreCore):
                     artifact.run_id,
                     EventType.ARTIFACT,
                     artifact.model_dump(mode="json", exclude={"run_id"}),
-                    dedupe_key=f"artifact:{artifact.artifact_id}",
+                    dedupe_key=f"{ARTIFACT_KEY}{artifact.artifact_id}",
                 )
         return artifact
 
@@ -41,7 +47,7 @@ class ArtifactQueries(StoreCore):
             row = await tx.fetchone(
                 "SELECT e.run_id, e.data FROM events e JOIN runs r ON r.run_id = e.run_id "
                 "WHERE e.dedupe_key = ? AND r.tenant_id = ? ORDER BY e.run_id, e.seq LIMIT 1",
-                (f"artifact:{artifact_id}", tenant_id),
+                (f"{ARTIFACT_KEY}{artifact_id}", tenant_id),
             )
         if row is None:
             return None

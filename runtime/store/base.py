@@ -36,6 +36,7 @@ from runtime.store.core import (
     event_of,
 )
 from runtime.store.leases import LeaseQueries
+from runtime.store.retention import RetentionQueries
 from runtime.store.tool_calls import ToolCallQueries
 
 RUN_COLUMNS = (
@@ -76,7 +77,13 @@ class DriveStart(NamedTuple):
 
 
 class RunStore(
-    ToolCallQueries, ApprovalQueries, ArtifactQueries, LeaseQueries, ApiKeyQueries, StoreCore
+    ToolCallQueries,
+    ApprovalQueries,
+    ArtifactQueries,
+    LeaseQueries,
+    ApiKeyQueries,
+    RetentionQueries,
+    StoreCore,
 ):
     """Runs, steps and events here; the ledger, approvals, artifacts and leases mixed in."""
 

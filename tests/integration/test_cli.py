@@ -214,3 +214,24 @@ def test_keys_create_list_revoke(server: ServerProcess) -> None:
     assert cli(server, "keys", "revoke", key["key_id"]).returncode == 2
     bad_role = cli(server, "keys", "create", "--tenant", "a", "--user", "b", "--role", "root")
     assert bad_role.returncode == 2
+
+
+def test_prune_deletes_the_runs_that_ended_long_enough_ago(server: ServerProcess) -> None:
+    start(server)
+    created = cli(server, "run", "x", "--agent", "typo_fixer", "--json")
+    run_id = json.loads(created.stdout)["run_id"]
+    assert cli(server, "follow", run_id).returncode == 0  # it succeeded
+
+    kept = cli(server, "prune", "--older-than", "1", "--json")
+    assert kept.returncode == 0, kept.stderr
+    assert json.loads(kept.stdout)["runs"] == 0
+    counted = cli(server, "prune", "--older-than", "0", "--dry-run", "--json")
+    assert json.loads(counted.stdout)["runs"] == 1
+    assert cli(server, "show", run_id).returncode == 0  # a dry run deletes nothing
+
+    gone = cli(server, "prune", "--older-than", "0")
+    assert gone.returncode == 0 and gone.stdout.startswith("deleted 1 runs"), gone.stdout
+    missing = cli(server, "show", run_id)
+    assert missing.returncode == 2 and "RUN_NOT_FOUND" in missing.stderr
+    for bad in ("-1", "soon"):
+        assert cli(server, "prune", "--older-than", bad).returncode == 2
