@@ -12,7 +12,7 @@ from runtime.agent import AgentSpec
 from server.api import problems
 from server.api.deps import Services
 from server.api.limits import RequestLimits
-from server.api.routes import approvals, memory, runs, system
+from server.api.routes import approvals, audit, memory, runs, system
 from server.auth.authenticate import Authenticator
 from server.auth.bootstrap import ensure_local_keys
 from server.host import open_host
@@ -52,5 +52,6 @@ def create_app(
     app.include_router(runs.router)
     app.include_router(approvals.router)
     app.include_router(memory.router)
+    app.include_router(audit.router)
     app.include_router(system.router)
     return app

@@ -142,6 +142,14 @@ async def _keys(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 print(f"agent-runtime: {exc}", file=sys.stderr)
                 return EXIT_USAGE
+            await store.record_audit(
+                args.tenant,
+                "cli",
+                "key.create",
+                key.key_id,
+                user_id=args.user,
+                roles=sorted(args.role or []),
+            )
             if args.json:
                 print(json.dumps({"key_id": key.key_id, "token": key.token}))
             else:
@@ -160,9 +168,14 @@ async def _keys(args: argparse.Namespace) -> int:
                     f"roles={','.join(row.roles) or '-'}  scopes={','.join(row.scopes) or '-'}"
                     + (f"  {row.label}" if row.label else "")
                 )
-        elif not await store.revoke_api_key(args.key_id):
-            print(f"agent-runtime: no active key {args.key_id}", file=sys.stderr)
-            return EXIT_USAGE
+        else:
+            revoked = await store.get_api_key(args.key_id)
+            if revoked is None or not await store.revoke_api_key(args.key_id):
+                print(f"agent-runtime: no active key {args.key_id}", file=sys.stderr)
+                return EXIT_USAGE
+            await store.record_audit(
+                revoked.tenant_id, "cli", "key.revoke", args.key_id, user_id=revoked.user_id
+            )
     finally:
         await backend.close()
     return 0

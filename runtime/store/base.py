@@ -22,6 +22,7 @@ from runtime.model import (
 from runtime.store.api_keys import ApiKeyQueries
 from runtime.store.approvals import ApprovalQueries
 from runtime.store.artifacts import ArtifactQueries
+from runtime.store.audit import AuditQueries
 from runtime.store.core import (
     CANCEL_CHANNEL,
     WORK_CHANNEL,
@@ -82,6 +83,7 @@ class RunStore(
     ArtifactQueries,
     LeaseQueries,
     ApiKeyQueries,
+    AuditQueries,
     RetentionQueries,
     StoreCore,
 ):

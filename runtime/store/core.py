@@ -40,6 +40,7 @@ _JSON_COLUMNS = {
     "output",
     "error",
     "data",
+    "detail",
 }
 
 

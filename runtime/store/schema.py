@@ -139,4 +139,18 @@ MIGRATIONS: list[list[str]] = [
         # that lasts ends the run with CHECKPOINT_ERROR instead of being retried forever.
         "ALTER TABLE runs ADD COLUMN drive_failures INTEGER NOT NULL DEFAULT 0",
     ],
+    [
+        # What people did that no run's log records (runtime.store.audit): a user's
+        # memory erased, by them or by a tenant admin; API keys created and revoked.
+        """CREATE TABLE IF NOT EXISTS audit (
+            audit_id TEXT PRIMARY KEY,
+            at TEXT NOT NULL,
+            tenant_id TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            detail TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS audit_tenant ON audit (tenant_id, at, audit_id)",
+    ],
 ]

@@ -44,6 +44,7 @@ async def test_every_endpoint_needs_the_right_principal(api: Api) -> None:
         ("GET", "/memory", "/memory", None, {}, "own"),
         ("DELETE", "/memory/{key}", "/memory/color", None, {}, "own"),
         ("DELETE", "/memory", "/memory", None, {}, "own"),
+        ("GET", "/audit", "/audit", None, bearer(roles=["admin"]), "empty"),
         (
             "POST",
             "/runs/{run_id}/cancel",
@@ -94,9 +95,11 @@ async def test_every_endpoint_needs_the_right_principal(api: Api) -> None:
             page = stranger.json()
             items = page["items"] if isinstance(page, dict) else page
             # Only what the stranger made itself: none of this tenant's runs or approvals.
-            assert not {i["run_id"] for i in items} & {run_id, doomed}, route
+            assert not {i.get("run_id") for i in items} & {run_id, doomed}, route
             assert all(
-                i.get("context", {}).get("tenant_id", "other-co") == "other-co" for i in items
+                i.get("context", {}).get("tenant_id", "other-co") == "other-co"
+                and i.get("tenant_id", "other-co") == "other-co"  # an audit entry's
+                for i in items
             )
         else:
             assert stranger.status_code in (200, 201, 204), (route, stranger.text)

@@ -117,6 +117,17 @@ async def test_only_a_tenant_admin_reaches_another_users_memory(api: Api) -> Non
     assert gone.json() == {"forgotten": 1}
     assert await answer(api, "recall color", user="u-other", tenant="other-co") == "red"
 
+    # The erasure is on the tenant's audit trail: who, for whom, how much; its admins
+    # read it, nobody else (another tenant's admin sees its own, empty, trail).
+    trail = (await api.client.get("/audit", headers=admin)).json()
+    assert [(e["action"], e["subject"], e["detail"]) for e in trail] == [
+        ("memory.forget", "u-other", {"forgotten": 1})
+    ]
+    assert trail[0]["actor"].startswith("u-adm via ") and trail[0]["tenant_id"] == OPS_TENANT
+    problem(await api.client.get("/audit"), 403, "ROLE_REQUIRED")
+    elsewhere = bearer(user="u-adm", tenant="other-co", roles=["admin"])
+    assert (await api.client.get("/audit", headers=elsewhere)).json() == []
+
 
 async def test_a_users_memory_is_theirs_alone_whatever_the_ids(api: Api) -> None:
     backend = await open_backend(api.settings.resolved_database_url)

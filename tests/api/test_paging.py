@@ -15,7 +15,7 @@ from runtime.memory import Memory
 from runtime.store.core import encode_cursor
 from tests.api.conftest import Api
 from tests.api.helpers import parked_demo_run, problem
-from tests.auth import OPS_TENANT, OPS_USER
+from tests.auth import OPS_TENANT, OPS_USER, bearer
 
 JSON = {"Accept": "application/json"}
 
@@ -116,3 +116,24 @@ async def test_a_users_memory_pages(api: Api) -> None:
     made_up = [encode_cursor("memory", n) for n in ("-1", "²", "10000000", "")]
     for bad in ["not-a-cursor", inbox_cursor, *made_up]:
         problem(await api.client.get("/memory", params={"cursor": bad}), 422, "VALIDATION_ERROR")
+
+
+async def test_the_audit_trail_pages_oldest_first(api: Api) -> None:
+    store = api.engine_services.store
+    for i in range(3):
+        await store.record_audit(OPS_TENANT, "cli", "key.revoke", f"key-{i}")
+    await store.record_audit("another-tenant", "cli", "key.revoke", "not-ours")
+    admin = bearer(roles=["admin"])
+
+    resp = await api.client.get("/audit?limit=2", headers=admin)
+    pages = [resp.json()]
+    while (url := next_url(resp)) is not None:
+        resp = await api.client.get(url, headers=admin)
+        pages.append(resp.json())
+
+    assert [[e["subject"] for e in p] for p in pages] == [["key-0", "key-1"], ["key-2"]]
+    only = await api.client.get("/audit", params={"action": "memory.forget"}, headers=admin)
+    assert only.json() == []
+    problem(
+        await api.client.get("/audit?action=drop.tables", headers=admin), 422, "VALIDATION_ERROR"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -9,6 +10,8 @@ import subprocess
 import sys
 from typing import Any
 
+from runtime.backend import open_backend
+from runtime.store.audit import AuditEntry
 from tests.integration.server_proc import ROOT, ServerProcess
 
 QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
@@ -43,6 +46,15 @@ def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
+
+
+async def audit_of(server: ServerProcess, tenant: str) -> list[AuditEntry]:
+    backend = await open_backend(server.env["AGENT_RUNTIME_DATABASE_URL"])
+    try:
+        entries, _ = await backend.store.page_audit(tenant, limit=100, cursor=None)
+    finally:
+        await backend.close()
+    return entries
 
 
 def json_lines(stdout: str) -> list[dict[str, Any]]:
@@ -214,6 +226,13 @@ def test_keys_create_list_revoke(server: ServerProcess) -> None:
     assert cli(server, "keys", "revoke", key["key_id"]).returncode == 2
     bad_role = cli(server, "keys", "create", "--tenant", "a", "--user", "b", "--role", "root")
     assert bad_role.returncode == 2
+    # Both changes are on acme's audit trail; the refused second revoke is not.
+    trail = asyncio.run(audit_of(server, "acme"))
+    assert [(e.action, e.subject, e.actor) for e in trail] == [
+        ("key.create", key["key_id"], "cli"),
+        ("key.revoke", key["key_id"], "cli"),
+    ]
+    assert trail[0].detail == {"user_id": "bob", "roles": []}
 
 
 def test_prune_deletes_the_runs_that_ended_long_enough_ago(server: ServerProcess) -> None:

@@ -38,6 +38,10 @@ def memory_of(engine: EngineDep, principal: Principal, user_id: str | None) -> M
     return Memory(engine.memory, principal.tenant_id, user)
 
 
+def actor(principal: Principal) -> str:
+    return f"{principal.user_id} via {principal.via}"
+
+
 CURSOR = "memory"
 """The first part of a memory listing's cursor: one of another list is refused."""
 MAX_OFFSET = 1_000_000
@@ -84,6 +88,15 @@ async def forget_one(
     sub: SubQuery = None,
 ) -> None:
     await memory_of(engine, principal, user_id).delete(key, *(sub or []))
+    # After the erasure: were the record to fail, the erasure still stands (and is 500).
+    await engine.store.record_audit(
+        principal.tenant_id,
+        actor(principal),
+        "memory.delete",
+        user_id or principal.user_id,
+        key=key,
+        sub=sub or [],
+    )
 
 
 @router.delete("/memory")
@@ -91,4 +104,12 @@ async def forget_all(
     engine: EngineDep, principal: PrincipalDep, user_id: UserQuery = None
 ) -> dict[str, int]:
     """Everything agents keep about the user, in every namespace: gone."""
-    return {"forgotten": await memory_of(engine, principal, user_id).forget()}
+    forgotten = await memory_of(engine, principal, user_id).forget()
+    await engine.store.record_audit(
+        principal.tenant_id,
+        actor(principal),
+        "memory.forget",
+        user_id or principal.user_id,
+        forgotten=forgotten,
+    )
+    return {"forgotten": forgotten}

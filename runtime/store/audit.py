@@ -1,0 +1,75 @@
+"""The audit trail of what people did outside any run's log.
+
+A run's log (events) already says who created, approved or cancelled it. What has no
+run to belong to is kept here, per tenant, oldest first: a user's long-term memory
+erased (by the user, or by a tenant admin answering an erasure request), API keys
+created and revoked. Rows say who did what to whom, never the content (a memory's
+value, a key's secret).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pydantic import BaseModel
+
+from runtime.model import utcnow
+from runtime.store.core import StoreCore, _dec, _enc, _iso, decode_cursor, encode_cursor
+
+
+class AuditEntry(BaseModel):
+    audit_id: str
+    at: str
+    tenant_id: str
+    actor: str
+    """Who did it: ``<user_id> via <how they signed in>``, or ``cli`` for an operator."""
+    action: str
+    """``memory.forget``, ``memory.delete``, ``key.create``, ``key.revoke``."""
+    subject: str
+    """Whom or what it was done to: a user id, a key id."""
+    detail: dict[str, Any]
+
+
+class AuditQueries(StoreCore):
+    async def record_audit(
+        self, tenant_id: str, actor: str, action: str, subject: str, **detail: Any
+    ) -> AuditEntry:
+        entry = AuditEntry(
+            audit_id=f"au-{uuid.uuid4().hex}",
+            at=_iso(utcnow()),
+            tenant_id=tenant_id,
+            actor=actor,
+            action=action,
+            subject=subject,
+            detail=detail,
+        )
+        row = entry.model_dump()
+        async with self.tx() as tx:
+            await tx.execute(
+                f"INSERT INTO audit ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
+                [_enc(v) for v in row.values()],
+            )
+        return entry
+
+    async def page_audit(
+        self, tenant_id: str, *, action: str | None = None, limit: int, cursor: str | None
+    ) -> tuple[list[AuditEntry], str | None]:
+        """The tenant's entries, oldest first; the next page's cursor (None: the last)."""
+        where, params = ["tenant_id = ?"], [tenant_id]
+        if action is not None:
+            where.append("action = ?")
+            params.append(action)
+        if cursor is not None:
+            at, audit_id = decode_cursor(cursor)
+            where.append("(at > ? OR (at = ? AND audit_id > ?))")
+            params += [at, at, audit_id]
+        async with self.read(runs=False) as tx:
+            rows = await tx.fetchall(
+                f"SELECT * FROM audit WHERE {' AND '.join(where)} ORDER BY at, audit_id LIMIT ?",
+                [*params, limit + 1],
+            )
+        page = [AuditEntry.model_validate(_dec(r)) for r in rows[:limit]]
+        if len(rows) <= limit:
+            return page, None
+        return page, encode_cursor(page[-1].at, page[-1].audit_id)
