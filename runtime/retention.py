@@ -21,12 +21,13 @@ from datetime import datetime, timedelta
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
+from runtime.aio import to_the_end
 from runtime.model import utcnow
 from runtime.store.base import RunStore
 
 log = logging.getLogger(__name__)
 
-BATCH = 200
+BATCH = 100
 """Runs per transaction: a large backlog is deleted in bounded steps."""
 
 
@@ -50,7 +51,9 @@ async def prune(
         if not ids:
             return done
         for run_id in ids:
-            await checkpointer.adelete_thread(run_id)
+            # Cut short, AsyncSqliteSaver's delete would leave its shared connection
+            # inside a transaction holding SQLite's write lock: it runs to its end.
+            await to_the_end(checkpointer.adelete_thread(run_id))
         gone, freed = await store.delete_ended_runs(ids, ended_before)
         done.runs += gone
         done.artifacts += freed

@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     """Runs one process drives at once."""
     shutdown_grace_s: float = 10.0
     """On SIGTERM: how long current drives may finish before they are handed back."""
-    retention_days: float | None = Field(default=None, gt=0)
+    retention_days: float | None = Field(default=None, gt=0, le=365_000)
     """Keep runs that ended (succeeded or failed) this many days, then delete them with
     their events, ledger, checkpoints and the artifacts no other run names; each
     worker prunes every ``retention_interval_s``. Unset: kept forever (``agent-runtime

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import zlib
+
 from runtime.events import EventType
 from runtime.model import Artifact
 from runtime.store.core import StoreCore, _dec
 
 ARTIFACT_KEY = "artifact:"
 """The dedupe key prefix of a run's ``artifact`` events: the artifact's references."""
+ARTIFACT_LOCKS = 256
+"""Lock stripes shared by writing an artifact and deleting unnamed ones (retention):
+a bounded number, so one prune of many artifacts takes at most this many locks."""
+
+
+def artifact_lock(artifact_id: str) -> int:
+    """The lock stripe of ``artifact_id`` (the same in every process)."""
+    return zlib.crc32(artifact_id.encode()) % ARTIFACT_LOCKS
+
+
+def artifact_lock_key(stripe: int) -> str:
+    return f"artifact-stripe:{stripe}"
 
 
 class ArtifactQueries(StoreCore):
@@ -20,7 +34,7 @@ class ArtifactQueries(StoreCore):
         async with self.tx() as tx:
             # Retention deletes an artifact no event names under the same lock: the row
             # is either seen here and kept, or gone and written again.
-            await self._lock_key(tx, f"{ARTIFACT_KEY}{artifact.artifact_id}")
+            await self._lock_key(tx, artifact_lock_key(artifact_lock(artifact.artifact_id)))
             await self._insert_once(
                 tx,
                 "artifacts",

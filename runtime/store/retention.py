@@ -12,8 +12,22 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from runtime.lifecycle import TERMINAL
-from runtime.store.artifacts import ARTIFACT_KEY
-from runtime.store.core import StoreCore, _iso
+from runtime.store.artifacts import ARTIFACT_KEY, artifact_lock, artifact_lock_key
+from runtime.store.core import StoreCore
+
+CHUNK = 500
+"""Ids per IN list: far below SQLite's 32,766 bound parameters."""
+
+
+def _cut(moment: datetime) -> str:
+    """``moment`` as ended_at is compared with it: with its microseconds always, so that
+    no ended_at of the same second sorts before it by its format alone."""
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _chunks(values: Sequence[str]) -> list[Sequence[str]]:
+    return [values[i : i + CHUNK] for i in range(0, len(values), CHUNK)]
+
 
 _CHILDREN = ("events", "steps", "tool_calls", "approvals")
 
@@ -31,7 +45,7 @@ class RetentionQueries(StoreCore):
             rows = await tx.fetchall(
                 f"SELECT run_id FROM runs WHERE state IN ({_marks(states)}) AND ended_at < ? "
                 "ORDER BY ended_at, run_id LIMIT ?",
-                [*states, _iso(ended_before), limit],
+                [*states, _cut(ended_before), limit],
             )
         return [str(r["run_id"]) for r in rows]
 
@@ -41,7 +55,7 @@ class RetentionQueries(StoreCore):
             row = await tx.fetchone(
                 f"SELECT COUNT(*) AS n FROM runs WHERE state IN ({_marks(states)}) "
                 "AND ended_at < ?",
-                [*states, _iso(ended_before)],
+                [*states, _cut(ended_before)],
             )
         return int((row or {}).get("n") or 0)
 
@@ -59,7 +73,7 @@ class RetentionQueries(StoreCore):
                 for r in await tx.fetchall(
                     f"DELETE FROM runs WHERE run_id IN ({_marks(run_ids)}) "
                     f"AND state IN ({_marks(states)}) AND ended_at < ? RETURNING run_id",
-                    [*run_ids, *states, _iso(ended_before)],
+                    [*run_ids, *states, _cut(ended_before)],
                 )
             ]
             if not gone:
@@ -71,20 +85,19 @@ class RetentionQueries(StoreCore):
             )
             for table in _CHILDREN:
                 await tx.execute(f"DELETE FROM {table} WHERE run_id IN ({_marks(gone)})", gone)
-            keys = sorted(str(r["dedupe_key"]) for r in named)
-            # The lock put_artifact takes too: an artifact being written again for
+            ids = sorted(str(r["dedupe_key"]).removeprefix(ARTIFACT_KEY) for r in named)
+            # The locks put_artifact takes too: an artifact being written again for
             # another run is either seen named here, or written after it is gone.
-            # (Sorted: two prunes take the locks in the same order.)
-            for key in keys:
-                await self._lock_key(tx, key)
+            # (In order: two prunes take them in the same order.)
+            for stripe in sorted({artifact_lock(a) for a in ids}):
+                await self._lock_key(tx, artifact_lock_key(stripe))
             freed = 0
-            if keys:
-                ids = [k.removeprefix(ARTIFACT_KEY) for k in keys]
+            for chunk in _chunks(ids):
                 rows = await tx.fetchall(
-                    f"DELETE FROM artifacts WHERE artifact_id IN ({_marks(ids)}) AND NOT EXISTS "
+                    f"DELETE FROM artifacts WHERE artifact_id IN ({_marks(chunk)}) AND NOT EXISTS "
                     f"(SELECT 1 FROM events e WHERE e.dedupe_key = '{ARTIFACT_KEY}' "
                     "|| artifacts.artifact_id) RETURNING artifact_id",
-                    ids,
+                    list(chunk),
                 )
-                freed = len(rows)
+                freed += len(rows)
         return gone, freed

@@ -153,4 +153,10 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE INDEX IF NOT EXISTS audit_tenant ON audit (tenant_id, at, audit_id)",
     ],
+    [
+        # Retention (runtime.retention) picks the runs that ended longest ago, in batches
+        # (only an ended run has an ended_at): without it each batch read and sorted
+        # every ended run.
+        "CREATE INDEX IF NOT EXISTS runs_ended ON runs (ended_at, run_id)",
+    ],
 ]

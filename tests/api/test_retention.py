@@ -8,8 +8,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from runtime.model import utcnow
+from runtime.model import Artifact, utcnow
 from runtime.retention import prune
+from runtime.store.retention import CHUNK
 from tests.api.conftest import Api, make_settings, open_api
 from tests.api.helpers import parked_demo_run
 
@@ -123,3 +124,21 @@ async def test_a_worker_prunes_by_itself_when_retention_is_set(
             await asyncio.sleep(0.05)
         assert await checkpoint_of(api, run["run_id"]) is None
         assert (await api.client.get(f"/runs/{parked}")).json()["state"] == "waiting_human"
+
+
+async def test_a_run_with_more_artifacts_than_a_statement_lists_goes_whole(api: Api) -> None:
+    run_id, report = await finished_demo_run(api)
+    store = api.engine_services.store
+    many = [f"art-bulk-{i:04d}" for i in range(CHUNK + 20)]
+    for artifact_id in many:  # more than one IN list, and over every lock stripe
+        artifact = Artifact(
+            artifact_id=artifact_id, media_type="text/plain", size=1, name="a", run_id=run_id,
+            created_at=utcnow(),
+        )  # fmt: skip
+        await store.put_artifact(artifact, b"x")
+    await ended_long_ago(api, run_id)
+
+    pruned = await prune(store, api.engine.checkpointer, utcnow() - timedelta(days=1))
+
+    assert pruned.runs == [run_id] and pruned.artifacts == len(many) + 1  # and the report
+    assert not any([await store.artifact_exists(a) for a in (many[0], many[-1], report)])
