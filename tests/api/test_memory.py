@@ -103,6 +103,11 @@ async def test_a_user_sees_and_forgets_what_agents_keep_about_them(api: Api) -> 
     assert forgotten.json() == {"forgotten": 2}  # color, and p1 below projects
     assert (await api.client.get("/memory")).json() == {}
     assert await answer(api, "recall color", user=OPS_USER, tenant=OPS_TENANT) == "None"
+    trail, _ = await api.engine_services.store.page_audit(OPS_TENANT, limit=10, cursor=None)
+    assert [(e.action, e.subject, e.detail) for e in trail] == [
+        ("memory.delete", OPS_USER, {"key": "size", "sub": []}),
+        ("memory.forget", OPS_USER, {"forgotten": 2}),
+    ]
 
 
 async def test_only_a_tenant_admin_reaches_another_users_memory(api: Api) -> None:

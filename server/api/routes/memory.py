@@ -38,8 +38,18 @@ def memory_of(engine: EngineDep, principal: Principal, user_id: str | None) -> M
     return Memory(engine.memory, principal.tenant_id, user)
 
 
-def actor(principal: Principal) -> str:
-    return f"{principal.user_id} via {principal.via}"
+async def audit(
+    engine: EngineDep, principal: Principal, action: str, user_id: str | None, **detail: Any
+) -> None:
+    """Put an erasure on the tenant's audit trail. After it: were the record to fail,
+    the erasure still stands (and the request is a 500)."""
+    await engine.store.record_audit(
+        principal.tenant_id,
+        f"{principal.user_id} via {principal.via}",
+        action,
+        user_id or principal.user_id,
+        **detail,
+    )
 
 
 CURSOR = "memory"
@@ -88,15 +98,7 @@ async def forget_one(
     sub: SubQuery = None,
 ) -> None:
     await memory_of(engine, principal, user_id).delete(key, *(sub or []))
-    # After the erasure: were the record to fail, the erasure still stands (and is 500).
-    await engine.store.record_audit(
-        principal.tenant_id,
-        actor(principal),
-        "memory.delete",
-        user_id or principal.user_id,
-        key=key,
-        sub=sub or [],
-    )
+    await audit(engine, principal, "memory.delete", user_id, key=key, sub=sub or [])
 
 
 @router.delete("/memory")
@@ -105,11 +107,5 @@ async def forget_all(
 ) -> dict[str, int]:
     """Everything agents keep about the user, in every namespace: gone."""
     forgotten = await memory_of(engine, principal, user_id).forget()
-    await engine.store.record_audit(
-        principal.tenant_id,
-        actor(principal),
-        "memory.forget",
-        user_id or principal.user_id,
-        forgotten=forgotten,
-    )
+    await audit(engine, principal, "memory.forget", user_id, forgotten=forgotten)
     return {"forgotten": forgotten}
