@@ -142,23 +142,25 @@ async def _keys(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 print(f"agent-runtime: {exc}", file=sys.stderr)
                 return EXIT_USAGE
+            # Shown before anything else can fail: the key is live, its secret unkept.
+            if args.json:
+                print(json.dumps({"key_id": key.key_id, "token": key.token}), flush=True)
+            else:
+                print(key.token, flush=True)
+                print(
+                    f"(key {key.key_id} for {args.user} of {args.tenant}: shown once, "
+                    "only its hash is kept)",
+                    file=sys.stderr,
+                )
             await store.record_audit(
                 args.tenant,
                 "cli",
                 "key.create",
                 key.key_id,
                 user_id=args.user,
-                roles=sorted(args.role or []),
+                roles=sorted(set(args.role or [])),
+                scopes=sorted(set(args.scope or [])),
             )
-            if args.json:
-                print(json.dumps({"key_id": key.key_id, "token": key.token}))
-            else:
-                print(key.token)
-                print(
-                    f"(key {key.key_id} for {args.user} of {args.tenant}: shown once, "
-                    "only its hash is kept)",
-                    file=sys.stderr,
-                )
         elif args.keys_command == "list":
             rows = await store.list_api_keys(args.tenant)
             for row in rows:

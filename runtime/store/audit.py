@@ -14,8 +14,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from runtime.errors import Code, RuntimeProblem
 from runtime.model import utcnow
-from runtime.store.core import StoreCore, _dec, _enc, _iso, decode_cursor, encode_cursor
+from runtime.store.core import StoreCore, _dec, _enc, decode_cursor, encode_cursor
+
+CURSOR = "audit"
+"""The first part of an audit cursor: another list's is refused."""
 
 
 class AuditEntry(BaseModel):
@@ -37,7 +41,8 @@ class AuditQueries(StoreCore):
     ) -> AuditEntry:
         entry = AuditEntry(
             audit_id=f"au-{uuid.uuid4().hex}",
-            at=_iso(utcnow()),
+            # Microseconds always: "…:51Z" would sort after "…:51.4Z" as text.
+            at=utcnow().isoformat(timespec="microseconds").replace("+00:00", "Z"),
             tenant_id=tenant_id,
             actor=actor,
             action=action,
@@ -60,8 +65,10 @@ class AuditQueries(StoreCore):
         if action is not None:
             where.append("action = ?")
             params.append(action)
-        if cursor is not None:
-            at, audit_id = decode_cursor(cursor)
+        if cursor:
+            kind, at, audit_id = decode_cursor(cursor, 3)
+            if kind != CURSOR:
+                raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
             where.append("(at > ? OR (at = ? AND audit_id > ?))")
             params += [at, at, audit_id]
         async with self.read(runs=False) as tx:
@@ -72,4 +79,4 @@ class AuditQueries(StoreCore):
         page = [AuditEntry.model_validate(_dec(r)) for r in rows[:limit]]
         if len(rows) <= limit:
             return page, None
-        return page, encode_cursor(page[-1].at, page[-1].audit_id)
+        return page, encode_cursor(CURSOR, page[-1].at, page[-1].audit_id)

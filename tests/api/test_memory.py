@@ -6,6 +6,7 @@ from __future__ import annotations
 from langgraph.store.memory import InMemoryStore
 
 from runtime.backend import open_backend
+from runtime.ids import content_hash
 from runtime.lifecycle import State
 from runtime.memory import Memory
 from runtime.model import RunContext, RunCreate
@@ -97,6 +98,7 @@ async def test_a_user_sees_and_forgets_what_agents_keep_about_them(api: Api) -> 
     assert listed == {"color": {"value": "teal"}, "size": {"value": "L"}}
     assert (await api.client.get("/memory", params={"sub": "projects"})).json() == {"p1": {"v": 1}}
     assert (await api.client.delete("/memory/size")).status_code == 204
+    assert (await api.client.delete("/memory/never-kept")).status_code == 204  # not audited
     assert set((await api.client.get("/memory")).json()) == {"color"}
 
     forgotten = await api.client.delete("/memory")
@@ -105,7 +107,7 @@ async def test_a_user_sees_and_forgets_what_agents_keep_about_them(api: Api) -> 
     assert await answer(api, "recall color", user=OPS_USER, tenant=OPS_TENANT) == "None"
     trail, _ = await api.engine_services.store.page_audit(OPS_TENANT, limit=10, cursor=None)
     assert [(e.action, e.subject, e.detail) for e in trail] == [
-        ("memory.delete", OPS_USER, {"key": "size", "sub": []}),
+        ("memory.delete", OPS_USER, {"item": content_hash({"sub": [], "key": "size"}), "items": 1}),
         ("memory.forget", OPS_USER, {"forgotten": 2}),
     ]
 

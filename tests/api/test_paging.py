@@ -137,3 +137,7 @@ async def test_the_audit_trail_pages_oldest_first(api: Api) -> None:
     problem(
         await api.client.get("/audit?action=drop.tables", headers=admin), 422, "VALIDATION_ERROR"
     )
+    inbox_cursor = encode_cursor("2026-01-01T00:00:00Z", "ap-1")
+    for bad in ["not-a-cursor", inbox_cursor, encode_cursor("memory", "0")]:
+        resp = await api.client.get("/audit", params={"cursor": bad}, headers=admin)
+        problem(resp, 422, "VALIDATION_ERROR")

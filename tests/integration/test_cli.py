@@ -232,7 +232,7 @@ def test_keys_create_list_revoke(server: ServerProcess) -> None:
         ("key.create", key["key_id"], "cli"),
         ("key.revoke", key["key_id"], "cli"),
     ]
-    assert trail[0].detail == {"user_id": "bob", "roles": []}
+    assert trail[0].detail == {"user_id": "bob", "roles": [], "scopes": []}
 
 
 def test_prune_deletes_the_runs_that_ended_long_enough_ago(server: ServerProcess) -> None:

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import StringConstraints
 
 from runtime.errors import Code, RuntimeProblem
+from runtime.ids import content_hash
 from runtime.memory import Memory
 from runtime.store.core import decode_cursor, encode_cursor
 from server.api.deps import EngineDep, PrincipalDep
@@ -97,8 +98,14 @@ async def forget_one(
     user_id: UserQuery = None,
     sub: SubQuery = None,
 ) -> None:
-    await memory_of(engine, principal, user_id).delete(key, *(sub or []))
-    await audit(engine, principal, "memory.delete", user_id, key=key, sub=sub or [])
+    memory = memory_of(engine, principal, user_id)
+    if await memory.get(key, *(sub or [])) is None:
+        return  # nothing erased, nothing to put on the trail
+    await memory.delete(key, *(sub or []))
+    # Which item, as a hash: an agent's key or label may itself say something personal,
+    # and the trail outlives the erasure.
+    item = content_hash({"sub": sub or [], "key": key})
+    await audit(engine, principal, "memory.delete", user_id, item=item, items=1)
 
 
 @router.delete("/memory")
