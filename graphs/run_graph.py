@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Literal
+from weakref import WeakKeyDictionary
 
 from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import START, StateGraph
@@ -87,6 +88,20 @@ def inline(router: Callable[[RunState], str]) -> RunnableCallable:
     return RunnableCallable(router, arouter, name=router.__name__, trace=False)
 
 
+_HOSTED: WeakKeyDictionary[RunGraphBuilder, dict[str, SubAgent]] = WeakKeyDictionary()
+"""What each builder of :func:`build_run_graph` hosts, for :func:`handoff_map`."""
+
+
+def handoff_map(builder: object) -> dict[str, list[str]]:
+    """For a builder of :func:`build_run_graph`: each agent it hosts, by id, and the
+    agents that one may hand off to ({} for any other builder)."""
+    hosted = _HOSTED.get(builder) if isinstance(builder, StateGraph) else None
+    return {
+        agent_id: sorted(t.agent_id for t in agent.handoffs)
+        for agent_id, agent in (hosted or {}).items()
+    }
+
+
 def hosted_agents(root: SubAgent) -> dict[str, SubAgent]:
     """Every agent reachable by handoff from ``root``, by id (root included)."""
     found: dict[str, SubAgent] = {}
@@ -154,4 +169,5 @@ def build_run_graph(
     builder.add_conditional_edges("finish", inline(route_after_finish))
     builder.add_conditional_edges("handoff", inline(route_after_handoff))
     builder.add_edge("handback", "planner")
+    _HOSTED[builder] = agents
     return builder

@@ -57,7 +57,13 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from server.cli_client import DEFAULT_URL, TOKEN_ENV, URL_ENV, client_command
+from server.cli_client import (
+    DEFAULT_URL,
+    EXIT_INTERRUPTED,
+    TOKEN_ENV,
+    URL_ENV,
+    client_command,
+)
 
 if TYPE_CHECKING:
     from server.settings import Settings
@@ -195,16 +201,17 @@ async def _prune(args: argparse.Namespace) -> int:
     from server.settings import Settings
 
     cutoff = utcnow() - timedelta(days=args.older_than)
+    when = cutoff.isoformat().replace("+00:00", "Z")  # as the API writes times
     backend = await open_backend(Settings().resolved_database_url)
     try:
         if args.dry_run:
             count = await backend.store.count_ended_runs(cutoff)
-            report: dict[str, Any] = {"ended_before": cutoff.isoformat(), "runs": count}
+            report: dict[str, Any] = {"ended_before": when, "runs": count}
             text = f"{count} runs ended before {cutoff:%Y-%m-%d %H:%M} UTC (nothing deleted)"
         else:
             pruned = await prune(backend.store, backend.checkpointer, cutoff)
             report = {
-                "ended_before": cutoff.isoformat(),
+                "ended_before": when,
                 "runs": len(pruned.runs),
                 "artifacts": pruned.artifacts,
             }
@@ -393,7 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "keys":
         return asyncio.run(_keys(args))
     if args.command == "prune":
-        return asyncio.run(_prune(args))
+        try:
+            return asyncio.run(_prune(args))
+        except KeyboardInterrupt:  # what was deleted stays deleted; the rest waits
+            print("agent-runtime: prune interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
     return client_command(args)
 
 

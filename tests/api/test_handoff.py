@@ -213,8 +213,14 @@ async def test_rejection_inside_the_sub_agent_fails_the_run(api: Api) -> None:
 
 
 async def test_report_writer_runs_on_its_own(api: Api) -> None:
-    agents = {a["agent_id"] for a in (await api.client.get("/agents")).json()}
-    assert {"retail_analyst", "report_writer"} <= agents
+    agents = {a["agent_id"]: a for a in (await api.client.get("/agents")).json()}
+    assert {"retail_analyst", "report_writer"} <= set(agents)
+    # Whom each may hand the run to: the analyst to the writer, the writer to nobody.
+    assert agents["retail_analyst"]["handoffs"] == {
+        "retail_analyst": ["report_writer"],
+        "report_writer": [],
+    }
+    assert agents["report_writer"]["handoffs"] == {"report_writer": []}
     parked = await api.settle((await api.create())["run_id"])
     findings = next(
         c["output"]

@@ -244,6 +244,7 @@ def test_prune_deletes_the_runs_that_ended_long_enough_ago(server: ServerProcess
     kept = cli(server, "prune", "--older-than", "1", "--json")
     assert kept.returncode == 0, kept.stderr
     assert json.loads(kept.stdout)["runs"] == 0
+    assert json.loads(kept.stdout)["ended_before"].endswith("Z")
     counted = cli(server, "prune", "--older-than", "0", "--dry-run", "--json")
     assert json.loads(counted.stdout)["runs"] == 1
     assert cli(server, "show", run_id).returncode == 0  # a dry run deletes nothing

@@ -9,6 +9,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Header, Response
 from fastapi.responses import PlainTextResponse
 
+from graphs.run_graph import handoff_map
 from runtime.errors import Code, RuntimeProblem
 from server.api.deps import EngineDep, PrincipalDep, ServicesDep, StoreDep, get_principal
 from server.api.problems import PROBLEM_RESPONSES
@@ -27,6 +28,8 @@ async def list_agents(engine: EngineDep) -> list[dict[str, Any]]:
             "description": spec.description,
             "default": spec.agent_id == engine.default_agent,
             "tools": [t.describe() for t in spec.tools.specs()],
+            # Which agent of its graph may hand the run to which (its own id first).
+            "handoffs": handoff_map(spec.builder),
         }
         for spec in engine.agents.values()
     ]
