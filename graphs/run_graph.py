@@ -92,13 +92,16 @@ _HOSTED: WeakKeyDictionary[RunGraphBuilder, dict[str, SubAgent]] = WeakKeyDictio
 """What each builder of :func:`build_run_graph` hosts, for :func:`handoff_map`."""
 
 
-def handoff_map(builder: object) -> dict[str, list[str]]:
-    """For a builder of :func:`build_run_graph`: each agent it hosts, by id, and the
-    agents that one may hand off to ({} for any other builder)."""
+def handoff_map(builder: object, own_id: str) -> dict[str, list[str]]:
+    """For a builder of :func:`build_run_graph` registered as agent ``own_id``: each
+    agent it hosts, by id (its own first, named ``own_id`` where the builder was given
+    no id), and the agents that one may hand off to ({own_id: []} for another builder)."""
     hosted = _HOSTED.get(builder) if isinstance(builder, StateGraph) else None
+    if not hosted:
+        return {own_id: []}
     return {
-        agent_id: sorted(t.agent_id for t in agent.handoffs)
-        for agent_id, agent in (hosted or {}).items()
+        (agent_id or own_id): sorted(t.agent_id for t in agent.handoffs)
+        for agent_id, agent in hosted.items()
     }
 
 

@@ -59,7 +59,6 @@ from typing import TYPE_CHECKING, Any
 
 from server.cli_client import (
     DEFAULT_URL,
-    EXIT_INTERRUPTED,
     TOKEN_ENV,
     URL_ENV,
     client_command,
@@ -67,7 +66,7 @@ from server.cli_client import (
 
 if TYPE_CHECKING:
     from server.settings import Settings
-EXIT_USAGE = 2
+
 EXIT_CODES = """\
 exit codes (the run's state when the command ends):
   0  succeeded (run without --follow: created; runs: listed)
@@ -121,107 +120,6 @@ def _server_command(args: argparse.Namespace) -> int:
         if args.concurrency is not None:
             settings.worker_concurrency = args.concurrency
         asyncio.run(_run_worker(settings))
-    return 0
-
-
-# -- keys ------------------------------------------------------------------------------
-
-
-async def _keys(args: argparse.Namespace) -> int:
-    from runtime.backend import open_backend
-    from server.auth.keys import create_key
-    from server.settings import Settings
-
-    backend = await open_backend(Settings().resolved_database_url)
-    try:
-        store = backend.store
-        if args.keys_command == "create":
-            try:
-                key = await create_key(
-                    store,
-                    tenant_id=args.tenant,
-                    user_id=args.user,
-                    roles=args.role or [],
-                    scopes=args.scope or [],
-                    label=args.label,
-                )
-            except ValueError as exc:
-                print(f"agent-runtime: {exc}", file=sys.stderr)
-                return EXIT_USAGE
-            # Shown before anything else can fail: the key is live, its secret unkept.
-            if args.json:
-                print(json.dumps({"key_id": key.key_id, "token": key.token}), flush=True)
-            else:
-                print(key.token, flush=True)
-                print(
-                    f"(key {key.key_id} for {args.user} of {args.tenant}: shown once, "
-                    "only its hash is kept)",
-                    file=sys.stderr,
-                )
-            await store.record_audit(
-                args.tenant,
-                "cli",
-                "key.create",
-                key.key_id,
-                user_id=args.user,
-                roles=sorted(set(args.role or [])),
-                scopes=sorted(set(args.scope or [])),
-            )
-        elif args.keys_command == "list":
-            rows = await store.list_api_keys(args.tenant)
-            for row in rows:
-                state = "revoked" if row.revoked_at else "active"
-                print(
-                    f"{row.key_id}  {row.tenant_id}/{row.user_id}  {state}  "
-                    f"roles={','.join(row.roles) or '-'}  scopes={','.join(row.scopes) or '-'}"
-                    + (f"  {row.label}" if row.label else "")
-                )
-        else:
-            revoked = await store.get_api_key(args.key_id)
-            if revoked is None or not await store.revoke_api_key(args.key_id):
-                print(f"agent-runtime: no active key {args.key_id}", file=sys.stderr)
-                return EXIT_USAGE
-            await store.record_audit(
-                revoked.tenant_id, "cli", "key.revoke", args.key_id, user_id=revoked.user_id
-            )
-    finally:
-        await backend.close()
-    return 0
-
-
-# -- prune -----------------------------------------------------------------------------
-
-
-async def _prune(args: argparse.Namespace) -> int:
-    from datetime import timedelta
-
-    from runtime.backend import open_backend
-    from runtime.model import utcnow
-    from runtime.retention import prune
-    from server.settings import Settings
-
-    cutoff = utcnow() - timedelta(days=args.older_than)
-    when = cutoff.isoformat().replace("+00:00", "Z")  # as the API writes times
-    backend = await open_backend(Settings().resolved_database_url)
-    try:
-        if args.dry_run:
-            count = await backend.store.count_ended_runs(cutoff)
-            report: dict[str, Any] = {"ended_before": when, "runs": count}
-            text = f"{count} runs ended before {cutoff:%Y-%m-%d %H:%M} UTC (nothing deleted)"
-        else:
-            pruned = await prune(backend.store, backend.checkpointer, cutoff)
-            report = {
-                "ended_before": when,
-                "runs": len(pruned.runs),
-                "artifacts": pruned.artifacts,
-            }
-            text = (
-                f"deleted {len(pruned.runs)} runs ended before {cutoff:%Y-%m-%d %H:%M} UTC "
-                f"and {pruned.artifacts} artifacts no other run names"
-            )
-    finally:
-        await backend.close()
-    print(json.dumps(report) if args.json else text)
     return 0
 
 
@@ -397,14 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("serve", "worker"):
         return _server_command(args)
-    if args.command == "keys":
-        return asyncio.run(_keys(args))
-    if args.command == "prune":
-        try:
-            return asyncio.run(_prune(args))
-        except KeyboardInterrupt:  # what was deleted stays deleted; the rest waits
-            print("agent-runtime: prune interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
+    if args.command in ("keys", "prune"):
+        from server import cli_admin
+
+        return cli_admin.run(getattr(cli_admin, args.command), args)
     return client_command(args)
 
 

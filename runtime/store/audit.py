@@ -10,16 +10,19 @@ value, a key's secret).
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from runtime.errors import Code, RuntimeProblem
 from runtime.model import utcnow
-from runtime.store.core import StoreCore, _dec, _enc, decode_cursor, encode_cursor
+from runtime.store.core import StoreCore, _dec, _enc, _iso, decode_cursor, encode_cursor
 
 CURSOR = "audit"
 """The first part of an audit cursor: another list's is refused."""
+
+
+AuditAction = Literal["memory.forget", "memory.delete", "key.create", "key.revoke"]
+"""Every action the trail records (and GET /audit filters on)."""
 
 
 class AuditEntry(BaseModel):
@@ -28,8 +31,7 @@ class AuditEntry(BaseModel):
     tenant_id: str
     actor: str
     """Who did it: ``<user_id> via <how they signed in>``, or ``cli`` for an operator."""
-    action: str
-    """``memory.forget``, ``memory.delete``, ``key.create``, ``key.revoke``."""
+    action: AuditAction
     subject: str
     """Whom or what it was done to: a user id, a key id."""
     detail: dict[str, Any]
@@ -37,12 +39,11 @@ class AuditEntry(BaseModel):
 
 class AuditQueries(StoreCore):
     async def record_audit(
-        self, tenant_id: str, actor: str, action: str, subject: str, **detail: Any
+        self, tenant_id: str, actor: str, action: AuditAction, subject: str, **detail: Any
     ) -> AuditEntry:
         entry = AuditEntry(
             audit_id=f"au-{uuid.uuid4().hex}",
-            # Microseconds always: "…:51Z" would sort after "…:51.4Z" as text.
-            at=utcnow().isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            at=_iso(utcnow(), exact=True),  # pages are ordered by it as text
             tenant_id=tenant_id,
             actor=actor,
             action=action,
@@ -66,9 +67,7 @@ class AuditQueries(StoreCore):
             where.append("action = ?")
             params.append(action)
         if cursor:
-            kind, at, audit_id = decode_cursor(cursor, 3)
-            if kind != CURSOR:
-                raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
+            at, audit_id = decode_cursor(cursor, kind=CURSOR)
             where.append("(at > ? OR (at = ? AND audit_id > ?))")
             params += [at, at, audit_id]
         async with self.read(runs=False) as tx:

@@ -87,7 +87,8 @@ class RunStore(
     RetentionQueries,
     StoreCore,
 ):
-    """Runs, steps and events here; the ledger, approvals, artifacts and leases mixed in."""
+    """Runs, steps and events here; the ledger, approvals, artifacts, leases, API keys,
+    the audit trail and retention mixed in."""
 
     # -- runs -----------------------------------------------------------------
 

@@ -88,9 +88,12 @@ def event_of(row: Row) -> Event:
     return Event.model_validate(_dec(row))
 
 
-def _iso(value: datetime) -> str:
-    # The same shape pydantic writes, so stored timestamps sort as text.
-    return value.isoformat().replace("+00:00", "Z")
+def _iso(value: datetime, *, exact: bool = False) -> str:
+    """The shape pydantic writes (a zero fraction left out, so "…:51Z" sorts after
+    "…:51.4Z" as text); ``exact``: microseconds always, for strings that must sort as
+    their times do."""
+    text = value.isoformat(timespec="microseconds") if exact else value.isoformat()
+    return text.replace("+00:00", "Z")
 
 
 def _ts() -> str:
@@ -101,12 +104,18 @@ def encode_cursor(*parts: str) -> str:
     return base64.urlsafe_b64encode("\x1f".join(parts).encode()).decode()
 
 
-def decode_cursor(cursor: str, parts: int = 2) -> list[str]:
+def decode_cursor(cursor: str, parts: int = 2, *, kind: str | None = None) -> list[str]:
+    """The ``parts`` fields of a cursor; with ``kind``, one that :func:`encode_cursor` was
+    given ``kind`` first for (another list's cursor is refused, not misread)."""
     try:
         decoded = base64.b64decode(cursor.encode(), altchars=b"-_", validate=True).decode()
     except (ValueError, UnicodeDecodeError):
         decoded = ""
     fields = decoded.split("\x1f")
+    if kind is not None:
+        if fields[0] != kind:
+            raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
+        fields = fields[1:]
     if len(fields) != parts or "\x00" in decoded:
         raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
     return fields

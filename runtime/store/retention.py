@@ -13,16 +13,10 @@ from datetime import datetime
 
 from runtime.lifecycle import TERMINAL
 from runtime.store.artifacts import ARTIFACT_KEY, artifact_lock, artifact_lock_key
-from runtime.store.core import StoreCore
+from runtime.store.core import StoreCore, _iso
 
 CHUNK = 500
 """Ids per IN list: far below SQLite's 32,766 bound parameters."""
-
-
-def _cut(moment: datetime) -> str:
-    """``moment`` as ended_at is compared with it: with its microseconds always, so that
-    no ended_at of the same second sorts before it by its format alone."""
-    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _chunks(values: Sequence[str]) -> list[Sequence[str]]:
@@ -45,7 +39,7 @@ class RetentionQueries(StoreCore):
             rows = await tx.fetchall(
                 f"SELECT run_id FROM runs WHERE state IN ({_marks(states)}) AND ended_at < ? "
                 "ORDER BY ended_at, run_id LIMIT ?",
-                [*states, _cut(ended_before), limit],
+                [*states, _iso(ended_before, exact=True), limit],
             )
         return [str(r["run_id"]) for r in rows]
 
@@ -55,7 +49,7 @@ class RetentionQueries(StoreCore):
             row = await tx.fetchone(
                 f"SELECT COUNT(*) AS n FROM runs WHERE state IN ({_marks(states)}) "
                 "AND ended_at < ?",
-                [*states, _cut(ended_before)],
+                [*states, _iso(ended_before, exact=True)],
             )
         return int((row or {}).get("n") or 0)
 
@@ -73,7 +67,7 @@ class RetentionQueries(StoreCore):
                 for r in await tx.fetchall(
                     f"DELETE FROM runs WHERE run_id IN ({_marks(run_ids)}) "
                     f"AND state IN ({_marks(states)}) AND ended_at < ? RETURNING run_id",
-                    [*run_ids, *states, _cut(ended_before)],
+                    [*run_ids, *states, _iso(ended_before, exact=True)],
                 )
             ]
             if not gone:

@@ -221,6 +221,8 @@ async def test_report_writer_runs_on_its_own(api: Api) -> None:
         "report_writer": [],
     }
     assert agents["report_writer"]["handoffs"] == {"report_writer": []}
+    # An agent whose graph was built without an id is named as it is registered.
+    assert agents["typo_fixer"]["handoffs"] == {"typo_fixer": []}
     parked = await api.settle((await api.create())["run_id"])
     findings = next(
         c["output"]

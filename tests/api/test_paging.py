@@ -1,7 +1,9 @@
-"""Long lists come in pages: the approval inbox, a run's event log as JSON, a user's memory.
+"""Long lists come in pages: the approval inbox, a run's event log as JSON, a user's
+memory, the audit trail.
 
-Both stay JSON lists (as DESIGN §5 has them); a page that is not the last says
-where the next one is in a ``Link: <…>; rel="next"`` header (RFC 8288).
+Each body stays what it was (a JSON list, as DESIGN §5 has them; memory a map by key);
+a page that is not the last says where the next one is in a ``Link: <…>; rel="next"``
+header (RFC 8288), and a cursor of another list is a 422.
 """
 
 from __future__ import annotations

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
 from runtime.errors import Code, RuntimeProblem
-from runtime.store.audit import AuditEntry
+from runtime.store.audit import AuditAction, AuditEntry
 from server.api.deps import PrincipalDep, StoreDep
 from server.api.paging import next_link
 from server.api.problems import PROBLEM_RESPONSES
 from server.auth.principal import ADMIN
 
 router = APIRouter(tags=["audit"], responses=PROBLEM_RESPONSES)
-
-Action = Literal["memory.forget", "memory.delete", "key.create", "key.revoke"]
 
 
 @router.get("/audit")
@@ -24,7 +22,7 @@ async def list_audit(
     response: Response,
     store: StoreDep,
     principal: PrincipalDep,
-    action: Action | None = None,
+    action: AuditAction | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
 ) -> list[AuditEntry]:

@@ -16,6 +16,7 @@ from pydantic import StringConstraints
 from runtime.errors import Code, RuntimeProblem
 from runtime.ids import content_hash
 from runtime.memory import Memory
+from runtime.store.audit import AuditAction
 from runtime.store.core import decode_cursor, encode_cursor
 from server.api.deps import EngineDep, PrincipalDep
 from server.api.paging import next_link
@@ -40,7 +41,11 @@ def memory_of(engine: EngineDep, principal: Principal, user_id: str | None) -> M
 
 
 async def audit(
-    engine: EngineDep, principal: Principal, action: str, user_id: str | None, **detail: Any
+    engine: EngineDep,
+    principal: Principal,
+    action: AuditAction,
+    user_id: str | None,
+    **detail: Any,
 ) -> None:
     """Put an erasure on the tenant's audit trail. After it: were the record to fail,
     the erasure still stands (and the request is a 500)."""
@@ -61,9 +66,9 @@ MAX_OFFSET = 1_000_000
 def cursor_offset(cursor: str | None) -> int:
     if cursor is None:
         return 0
-    kind, offset = decode_cursor(cursor)
+    [offset] = decode_cursor(cursor, 1, kind=CURSOR)
     # ASCII digits only: str.isdigit() admits "²", which int() refuses.
-    if kind != CURSOR or not re.fullmatch(r"[0-9]{1,7}", offset) or int(offset) > MAX_OFFSET:
+    if not re.fullmatch(r"[0-9]{1,7}", offset) or int(offset) > MAX_OFFSET:
         raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
     return int(offset)
 

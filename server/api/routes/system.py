@@ -29,7 +29,7 @@ async def list_agents(engine: EngineDep) -> list[dict[str, Any]]:
             "default": spec.agent_id == engine.default_agent,
             "tools": [t.describe() for t in spec.tools.specs()],
             # Which agent of its graph may hand the run to which (its own id first).
-            "handoffs": handoff_map(spec.builder),
+            "handoffs": handoff_map(spec.builder, spec.agent_id),
         }
         for spec in engine.agents.values()
     ]

@@ -1,0 +1,128 @@
+"""``agent-runtime keys`` and ``agent-runtime prune``: straight in the database of
+``$AGENT_RUNTIME_DATABASE_URL``, no server needed (an operator's commands)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from server.cli_client import EXIT_ERROR as EXIT_USAGE
+from server.cli_client import EXIT_INTERRUPTED
+
+
+def run(
+    command: Callable[[argparse.Namespace], Coroutine[Any, Any, int]], args: argparse.Namespace
+) -> int:
+    """Run a database command; Ctrl-C is exit 130, as for the client commands (what was
+    written stays written: each write is its own transaction)."""
+    try:
+        return asyncio.run(command(args))
+    except KeyboardInterrupt:
+        print(f"agent-runtime: {args.command} interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+# -- keys ------------------------------------------------------------------------------
+
+
+async def keys(args: argparse.Namespace) -> int:
+    from runtime.backend import open_backend
+    from server.auth.keys import create_key
+    from server.settings import Settings
+
+    backend = await open_backend(Settings().resolved_database_url)
+    try:
+        store = backend.store
+        if args.keys_command == "create":
+            try:
+                key = await create_key(
+                    store,
+                    tenant_id=args.tenant,
+                    user_id=args.user,
+                    roles=args.role or [],
+                    scopes=args.scope or [],
+                    label=args.label,
+                )
+            except ValueError as exc:
+                print(f"agent-runtime: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+            # Shown before anything else can fail: the key is live, its secret unkept.
+            if args.json:
+                print(json.dumps({"key_id": key.key_id, "token": key.token}), flush=True)
+            else:
+                print(key.token, flush=True)
+                print(
+                    f"(key {key.key_id} for {args.user} of {args.tenant}: shown once, "
+                    "only its hash is kept)",
+                    file=sys.stderr,
+                )
+            await store.record_audit(
+                args.tenant,
+                "cli",
+                "key.create",
+                key.key_id,
+                user_id=args.user,
+                roles=sorted(set(args.role or [])),
+                scopes=sorted(set(args.scope or [])),
+            )
+        elif args.keys_command == "list":
+            rows = await store.list_api_keys(args.tenant)
+            for row in rows:
+                state = "revoked" if row.revoked_at else "active"
+                print(
+                    f"{row.key_id}  {row.tenant_id}/{row.user_id}  {state}  "
+                    f"roles={','.join(row.roles) or '-'}  scopes={','.join(row.scopes) or '-'}"
+                    + (f"  {row.label}" if row.label else "")
+                )
+        else:
+            revoked = await store.get_api_key(args.key_id)
+            if revoked is None or not await store.revoke_api_key(args.key_id):
+                print(f"agent-runtime: no active key {args.key_id}", file=sys.stderr)
+                return EXIT_USAGE
+            await store.record_audit(
+                revoked.tenant_id, "cli", "key.revoke", args.key_id, user_id=revoked.user_id
+            )
+    finally:
+        await backend.close()
+    return 0
+
+
+# -- prune -----------------------------------------------------------------------------
+
+
+async def prune(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from runtime.backend import open_backend
+    from runtime.model import utcnow
+    from runtime.retention import prune as prune_runs
+    from runtime.store.core import _iso
+    from server.settings import Settings
+
+    cutoff = utcnow() - timedelta(days=args.older_than)
+    when = _iso(cutoff)  # as the API writes times
+    backend = await open_backend(Settings().resolved_database_url)
+    try:
+        if args.dry_run:
+            count = await backend.store.count_ended_runs(cutoff)
+            report: dict[str, Any] = {"ended_before": when, "runs": count}
+            text = f"{count} runs ended before {cutoff:%Y-%m-%d %H:%M} UTC (nothing deleted)"
+        else:
+            pruned = await prune_runs(backend.store, backend.checkpointer, cutoff)
+            report = {
+                "ended_before": when,
+                "runs": len(pruned.runs),
+                "artifacts": pruned.artifacts,
+            }
+            text = (
+                f"deleted {len(pruned.runs)} runs ended before {cutoff:%Y-%m-%d %H:%M} UTC "
+                f"and {pruned.artifacts} artifacts no other run names"
+            )
+    finally:
+        await backend.close()
+    print(json.dumps(report) if args.json else text)
+    return 0
