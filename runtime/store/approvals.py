@@ -13,8 +13,6 @@ from runtime.store.core import (
     StoreCore,
     _dec,
     _ts,
-    decode_cursor,
-    encode_cursor,
 )
 
 
@@ -82,21 +80,16 @@ class ApprovalQueries(StoreCore):
         if run_id:
             where.append("run_id = ?")
             params.append(run_id)
-        if cursor:
-            created, approval_id = decode_cursor(cursor)
-            where.append("(created_at > ? OR (created_at = ? AND approval_id > ?))")
-            params += [created, created, approval_id]
-        async with self.read(runs=False) as tx:
-            rows = await tx.fetchall(
-                f"SELECT * FROM approvals WHERE {' AND '.join(where)} "
-                "ORDER BY created_at, approval_id LIMIT ?",
-                [*params, limit + 1],
-            )
-        page = [Approval.model_validate(_dec(r)) for r in rows[:limit]]
-        if len(rows) <= limit:
-            return page, None
-        last = rows[limit - 1]
-        return page, encode_cursor(str(last["created_at"]), str(last["approval_id"]))
+        rows, next_cursor = await self._page(
+            "approvals",
+            where,
+            params,
+            ("created_at", "approval_id"),
+            limit=limit,
+            cursor=cursor,
+            runs=False,
+        )
+        return [Approval.model_validate(_dec(r)) for r in rows], next_cursor
 
     async def decide_approval(
         self,

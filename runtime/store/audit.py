@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from runtime.model import utcnow
-from runtime.store.core import StoreCore, _dec, _enc, _iso, decode_cursor, encode_cursor
+from runtime.store.core import StoreCore, _dec, _enc, _iso
 
 CURSOR = "audit"
 """The first part of an audit cursor: another list's is refused."""
@@ -66,16 +66,14 @@ class AuditQueries(StoreCore):
         if action is not None:
             where.append("action = ?")
             params.append(action)
-        if cursor:
-            at, audit_id = decode_cursor(cursor, kind=CURSOR)
-            where.append("(at > ? OR (at = ? AND audit_id > ?))")
-            params += [at, at, audit_id]
-        async with self.read(runs=False) as tx:
-            rows = await tx.fetchall(
-                f"SELECT * FROM audit WHERE {' AND '.join(where)} ORDER BY at, audit_id LIMIT ?",
-                [*params, limit + 1],
-            )
-        page = [AuditEntry.model_validate(_dec(r)) for r in rows[:limit]]
-        if len(rows) <= limit:
-            return page, None
-        return page, encode_cursor(CURSOR, page[-1].at, page[-1].audit_id)
+        rows, next_cursor = await self._page(
+            "audit",
+            where,
+            params,
+            ("at", "audit_id"),
+            limit=limit,
+            cursor=cursor,
+            kind=CURSOR,
+            runs=False,
+        )
+        return [AuditEntry.model_validate(_dec(r)) for r in rows], next_cursor

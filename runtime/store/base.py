@@ -32,8 +32,6 @@ from runtime.store.core import (
     Tx,
     _dec,
     _enc,
-    decode_cursor,
-    encode_cursor,
     event_of,
 )
 from runtime.store.leases import LeaseQueries
@@ -192,20 +190,16 @@ class RunStore(
         if agent_id:
             where.append("agent_id = ?")
             params.append(agent_id)
-        if cursor:
-            created, run_id = decode_cursor(cursor)
-            where.append("(created_at < ? OR (created_at = ? AND run_id < ?))")
-            params += [created, created, run_id]
-        async with self.read() as tx:
-            rows = await tx.fetchall(
-                f"SELECT * FROM runs WHERE {' AND '.join(where)} "
-                "ORDER BY created_at DESC, run_id DESC LIMIT ?",
-                [*params, limit + 1],
-            )
-        runs = [Run.model_validate(_dec(r)) for r in rows[:limit]]
-        more = len(rows) > limit
-        last = rows[limit - 1] if more else None
-        return runs, (encode_cursor(last["created_at"], last["run_id"]) if last else None)
+        rows, next_cursor = await self._page(
+            "runs",
+            where,
+            params,
+            ("created_at", "run_id"),
+            limit=limit,
+            cursor=cursor,
+            newest_first=True,
+        )
+        return [Run.model_validate(_dec(r)) for r in rows], next_cursor
 
     async def transition(
         self,

@@ -447,6 +447,40 @@ class StoreCore(ABC):
             await tx.execute(insert, params)
         tx.appended[run_id] = max(last_seq, tx.appended.get(run_id, 0))
 
+    async def _page(
+        self,
+        table: str,
+        where: list[str],
+        params: list[Any],
+        keys: tuple[str, str],
+        *,
+        limit: int,
+        cursor: str | None,
+        newest_first: bool = False,
+        kind: str | None = None,
+        runs: bool = True,
+    ) -> tuple[list[Row], str | None]:
+        """One page of ``table``'s rows matching ``where``, in ``keys`` order, by keyset
+        (a row written meanwhile never shifts a page); the next page's cursor, tagged
+        ``kind`` where given (None: the last page). ``runs``: as for :meth:`read`."""
+        first, second = keys
+        op, order = ("<", "DESC") if newest_first else (">", "ASC")
+        if cursor:
+            at, key = decode_cursor(cursor, kind=kind)
+            where = [*where, f"({first} {op} ? OR ({first} = ? AND {second} {op} ?))"]
+            params = [*params, at, at, key]
+        async with self.read(runs=runs) as tx:
+            rows = await tx.fetchall(
+                f"SELECT * FROM {table} WHERE {' AND '.join(where)} "
+                f"ORDER BY {first} {order}, {second} {order} LIMIT ?",
+                [*params, limit + 1],
+            )
+        if len(rows) <= limit:
+            return rows, None
+        last = rows[limit - 1]
+        tag = () if kind is None else (kind,)
+        return rows[:limit], encode_cursor(*tag, str(last[first]), str(last[second]))
+
     async def _insert_once(
         self, tx: Tx, table: str, key: str, data: dict[str, Any], returning: str | None = None
     ) -> Row | None:
