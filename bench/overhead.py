@@ -30,7 +30,6 @@ from typing import Annotated, Any, Literal, TypedDict
 
 import aiosqlite
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
@@ -49,6 +48,7 @@ from bench import (
     median,
     pg_schema,
 )
+from runtime.checkpointer import PooledPostgresSaver
 from runtime.lifecycle import State
 from runtime.model import RunCreate
 from server.host import Host, open_host
@@ -150,7 +150,10 @@ async def raw_checkpointer(store: str, tmp: Path) -> AsyncIterator[BaseCheckpoin
         )
         await pool.open(wait=True, timeout=10)
         try:
-            pg_saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+            # The engine's checkpointer class (LangGraph's, less its lock and thread hop):
+            # the same checkpointer on both sides, or the ratio would credit the engine
+            # with what it saves inside LangGraph's saver.
+            pg_saver = PooledPostgresSaver(pool)  # type: ignore[arg-type]
             await pg_saver.setup()
             yield pg_saver
         finally:

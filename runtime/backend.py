@@ -8,12 +8,12 @@ from pathlib import Path
 
 import aiosqlite
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.store.base import BaseStore
 from langgraph.store.postgres.aio import AsyncPostgresStore
 from langgraph.store.sqlite.aio import AsyncSqliteStore
 
+from runtime.checkpointer import PooledPostgresSaver
 from runtime.store.base import RunStore
 from runtime.store.postgres import (
     CHECKPOINTER_SETUP_LOCK,
@@ -63,7 +63,7 @@ async def open_backend(url: str) -> Backend:
     if url.startswith(("postgresql://", "postgres://")):
         pool = await open_pool(url)
         pg_store = await PostgresRunStore.open(pool)
-        pg_saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+        pg_saver = PooledPostgresSaver(pool)  # type: ignore[arg-type]
         pg_memory = AsyncPostgresStore(pool)  # type: ignore[arg-type]
         async with advisory_lock(pool, CHECKPOINTER_SETUP_LOCK):
             await pg_saver.setup()

@@ -1,0 +1,137 @@
+"""LangGraph's PostgreSQL checkpointer as the runtime uses it: on a pool, concurrently.
+
+``AsyncPostgresSaver`` has two costs the runtime does not need:
+
+* every operation takes the saver's one ``asyncio.Lock``, on a pool too, where each
+  operation has a connection of its own: twenty drives' checkpoint writes wait in one
+  line behind each other's round trips (langchain-ai/langgraph#7259; #7269 proposes
+  the same change upstream);
+* ``aput`` and ``aput_writes`` serialise on a worker thread (``asyncio.to_thread``): a
+  thread hop and back per write, two per superstep. The runtime keeps graph state
+  small (large outputs are artifacts, DESIGN §6), so serialising is microseconds, and
+  LangGraph's own ``AsyncSqliteSaver`` does it on the event loop too.
+
+The two methods below are the upstream ones (langgraph-checkpoint-postgres 3.2) with
+``to_thread`` taken out; ``tests/unit/test_checkpointer.py`` checks that they write
+what the upstream saver writes, so an upgrade that changes them fails there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
+from psycopg import AsyncCursor
+from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+
+class PooledPostgresSaver(AsyncPostgresSaver):
+    """``AsyncPostgresSaver`` without the shared lock on a pool, serialising inline."""
+
+    @asynccontextmanager
+    async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
+        if not isinstance(self.conn, AsyncConnectionPool) or self.pipe is not None:
+            # One connection shared by every caller: its lock is what keeps them apart.
+            async with super()._cursor(pipeline=pipeline) as cur:
+                yield cur
+            return
+        async with self.conn.connection() as conn:
+            if pipeline and self.supports_pipeline:
+                async with conn.pipeline(), conn.cursor(binary=True, row_factory=dict_row) as cur:
+                    yield cur
+            elif pipeline:
+                async with (
+                    conn.transaction(),
+                    conn.cursor(binary=True, row_factory=dict_row) as cur,
+                ):
+                    yield cur
+            else:
+                async with conn.cursor(binary=True, row_factory=dict_row) as cur:
+                    yield cur
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        configurable = config["configurable"].copy()
+        thread_id = configurable.pop("thread_id")
+        checkpoint_ns = configurable.pop("checkpoint_ns")
+        checkpoint_id = configurable.pop("checkpoint_id", None)
+
+        copy = checkpoint.copy()
+        copy["channel_values"] = copy["channel_values"].copy()
+        next_config: RunnableConfig = {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": checkpoint_ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+        # Primitive values stay inline in the checkpoint row, the rest go to blobs.
+        blob_values = {}
+        for k, v in checkpoint["channel_values"].items():
+            if isinstance(v, _DeltaSnapshot):
+                blob_values[k] = copy["channel_values"].pop(k)
+                copy["channel_values"][k] = True
+            elif v is None or isinstance(v, (str, int, float, bool)):
+                pass
+            else:
+                blob_values[k] = copy["channel_values"].pop(k)
+
+        async with self._cursor(pipeline=True) as cur:
+            if blob_versions := {k: v for k, v in new_versions.items() if k in blob_values}:
+                await cur.executemany(
+                    self.UPSERT_CHECKPOINT_BLOBS_SQL,
+                    self._dump_blobs(thread_id, checkpoint_ns, blob_values, blob_versions),
+                )
+            await cur.execute(
+                self.UPSERT_CHECKPOINTS_SQL,
+                (
+                    thread_id,
+                    checkpoint_ns,
+                    checkpoint["id"],
+                    checkpoint_id,
+                    Jsonb(copy),
+                    Jsonb(get_serializable_checkpoint_metadata(config, metadata)),
+                ),
+            )
+        return next_config
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        query = (
+            self.UPSERT_CHECKPOINT_WRITES_SQL
+            if all(w[0] in WRITES_IDX_MAP for w in writes)
+            else self.INSERT_CHECKPOINT_WRITES_SQL
+        )
+        params = self._dump_writes(
+            config["configurable"]["thread_id"],
+            config["configurable"]["checkpoint_ns"],
+            config["configurable"]["checkpoint_id"],
+            task_id,
+            task_path,
+            writes,
+        )
+        async with self._cursor(pipeline=True) as cur:
+            await cur.executemany(query, params)
