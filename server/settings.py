@@ -34,7 +34,10 @@ class Settings(BaseSettings):
     """Runs pending, planning or executing at once per tenant; past it POST /runs is 429.
     Runs parked waiting for a human do not count: they hold no worker."""
     max_streams_per_principal: int = 10
-    """Open SSE streams per caller and server process; past it 429."""
+    """Open SSE streams (and `Prefer: wait` requests) per caller and server process;
+    past it 429."""
+    max_wait_s: float = Field(default=60.0, ge=0, le=3600)
+    """The longest `POST /runs` or `GET /runs/{id}` holds a `Prefer: wait=N` request."""
     bootstrap_local_keys: bool | None = None
     """With no API key in the store, create a local admin and approver key on start.
     Unset: only on the embedded default (no database_url), never on a shared database."""

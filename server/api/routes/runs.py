@@ -34,12 +34,17 @@ from server.api.paging import next_link
 from server.api.problems import PROBLEM_RESPONSES
 from server.api.redaction import RunTools, redact_steps, redact_tool_calls
 from server.api.trace import trace_body, trace_head
+from server.api.waiting import applied, settled, wait_preference, wait_slot
 from server.auth import Principal
 from server.sse import event_stream
 
 MAX_SEQ = 10**15
 MAX_EVENT_PAGE = 10_000
 """The most events one JSON page holds (the SSE stream has no such bound)."""
+PREFER_WAIT = (
+    "`wait=N` (RFC 7240): answer once the run is parked for a human or has ended, or after"
+    " N seconds (at most the server's `max_wait_s`) with the run as it is then."
+)
 router = APIRouter(tags=["runs"], responses=PROBLEM_RESPONSES)
 
 
@@ -73,6 +78,7 @@ async def create_run(
     services: ServicesDep,
     principal: PrincipalDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+    prefer: Annotated[str | None, Header(max_length=200, description=PREFER_WAIT)] = None,
 ) -> Any:
     body.context = context_for(body, principal)
     if idempotency_key is not None:
@@ -81,14 +87,17 @@ async def create_run(
                 Code.VALIDATION_ERROR, "Idempotency-Key header and options.idempotency_key differ"
             )
         body.options.idempotency_key = idempotency_key
-    run, created = await engine.create_run(
-        body, max_active=services.settings.max_active_runs_per_tenant
-    )
-    location = str(request.url_for("get_run", run_id=run.run_id).path)
+    wait_s = wait_preference(prefer, services.settings.max_wait_s)
+    with wait_slot(services, principal, wait_s):
+        run, created = await engine.create_run(
+            body, max_active=services.settings.max_active_runs_per_tenant
+        )
+        headers = {"Location": str(request.url_for("get_run", run_id=run.run_id).path)}
+        if wait_s is not None:
+            run = await settled(services, run, wait_s)
+            headers.update(applied(wait_s))
     return JSONResponse(
-        run.model_dump(mode="json"),
-        status_code=201 if created else 200,
-        headers={"Location": location},
+        run.model_dump(mode="json"), status_code=201 if created else 200, headers=headers
     )
 
 
@@ -134,8 +143,19 @@ async def list_runs(
 
 
 @router.get("/runs/{run_id}", response_model=Run)
-async def get_run(run: RunDep) -> Run:
-    return run
+async def get_run(
+    run: RunDep,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    response: Response,
+    prefer: Annotated[str | None, Header(max_length=200, description=PREFER_WAIT)] = None,
+) -> Run:
+    wait_s = wait_preference(prefer, services.settings.max_wait_s)
+    if wait_s is None:
+        return run
+    response.headers.update(applied(wait_s))
+    with wait_slot(services, principal, wait_s):
+        return await settled(services, run, wait_s)
 
 
 @router.get(

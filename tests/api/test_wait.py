@@ -1,0 +1,126 @@
+"""``Prefer: wait=N`` (RFC 7240) on POST /runs and GET /runs/{id}: the run once it has
+settled (parked for a human, or ended), or as it is when the time is up."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.settings import Settings
+from tests.api.conftest import Api, make_settings, open_api, states
+from tests.api.helpers import count_runs, problem
+
+EAST = {"user_id": "u-ops-001", "tenant_id": "demo-retail", "scope": ["sales_region:east"]}
+QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
+SLOW = {"agent_id": "slow_worker", "input": "sleep 30"}
+
+
+def waiting(seconds: int | str) -> dict[str, str]:
+    return {"Prefer": f"wait={seconds}"}
+
+
+async def test_the_demo_flow_without_following_events(api: Api) -> None:
+    created = await api.client.post(
+        "/runs", json={"input": QUESTION, "context": EAST}, headers=waiting(30)
+    )
+    assert created.status_code == 201, created.text
+    assert created.headers["preference-applied"] == "wait=30"
+    assert created.headers["vary"] == "Prefer"
+    parked: dict[str, Any] = created.json()
+    assert created.headers["location"] == f"/runs/{parked['run_id']}"
+    assert parked["state"] == "waiting_human", parked
+    approval_id = parked["pending_approval"]["approval_id"]
+
+    resp = await api.decide(parked["run_id"], approval_id, "approve")
+    assert resp.status_code == 202, resp.text
+    done = await api.client.get(f"/runs/{parked['run_id']}", headers=waiting(30))
+    assert done.status_code == 200 and done.headers["preference-applied"] == "wait=30"
+    assert done.json()["state"] == "succeeded", done.json()
+    # Waiting changed nothing the run records: its log is the whole story.
+    assert states(await api.events(parked["run_id"]))[-1] == "succeeded"
+
+
+async def test_without_the_preference_nothing_waits(api: Api) -> None:
+    resp = await api.client.post("/runs", json={**SLOW, "context": EAST})
+    assert resp.status_code == 201 and resp.json()["state"] == "pending"
+    assert "preference-applied" not in resp.headers
+    got = await api.client.get(f"/runs/{resp.json()['run_id']}")
+    assert "preference-applied" not in got.headers
+    await api.client.post(f"/runs/{resp.json()['run_id']}/cancel")
+
+
+async def test_when_the_time_is_up_the_run_comes_as_it_is(api: Api) -> None:
+    created = await api.client.post("/runs", json={**SLOW, "context": EAST}, headers=waiting(1))
+    assert created.status_code == 201, created.text
+    run = created.json()
+    assert run["state"] in ("pending", "planning", "executing"), run
+    assert created.headers["preference-applied"] == "wait=1"
+    again = await api.client.get(f"/runs/{run['run_id']}", headers=waiting(1))
+    assert again.json()["state"] == "executing", again.json()
+    await api.client.post(f"/runs/{run['run_id']}/cancel")
+    # A run that has ended answers at once, whatever the wait asked for.
+    ended = await asyncio.wait_for(
+        api.client.get(f"/runs/{run['run_id']}", headers=waiting(3600)), 30
+    )
+    assert ended.json()["state"] == "failed", ended.json()
+
+
+@pytest.mark.parametrize(
+    ("prefer", "applied"),
+    [
+        ("wait=0", "wait=0"),
+        ("respond-async, wait=5", "wait=5"),
+        ('WAIT = "7"; foo=bar', "wait=7"),
+        ("wait=999999", "wait=60"),  # the server's max_wait_s
+        ("wait=-1", None),  # not a preference we can read: ignored (RFC 7240 §2)
+        ("wait=soon", None),
+        ("handling=strict", None),
+        ("", None),
+    ],
+)
+async def test_the_preference_is_read_as_rfc_7240_says(
+    api: Api, prefer: str, applied: str | None
+) -> None:
+    run = await api.create(agent_id="typo_fixer", input="echo")
+    resp = await api.client.get(f"/runs/{run['run_id']}", headers={"Prefer": prefer})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers.get("preference-applied") == applied
+    await api.settle(run["run_id"])
+
+
+async def test_waiting_for_an_unknown_run_is_404_at_once(api: Api) -> None:
+    resp = await asyncio.wait_for(api.client.get("/runs/run-nope", headers=waiting(3600)), 10)
+    problem(resp, 404, "RUN_NOT_FOUND")
+
+
+@pytest.fixture
+def one_stream(database_url: str, data_dir: Path) -> Settings:
+    return make_settings(database_url, data_dir, max_streams_per_principal=1)
+
+
+async def test_a_wait_holds_a_stream_slot_and_a_refused_one_creates_nothing(
+    one_stream: Settings,
+) -> None:
+    async with open_api(one_stream) as api:
+        slow = (await api.client.post("/runs", json={**SLOW, "context": EAST})).json()
+        holder = asyncio.create_task(api.client.get(f"/runs/{slow['run_id']}", headers=waiting(30)))
+        for _ in range(3000):  # until the wait holds its slot
+            if api.engine_services.streams.open:
+                break
+            await asyncio.sleep(0.01)
+        before = await count_runs(api)
+        refused = await api.client.post(
+            "/runs", json={"input": QUESTION, "context": EAST}, headers=waiting(30)
+        )
+        problem(refused, 429, "TOO_MANY_STREAMS")
+        assert await count_runs(api) == before, "a refused wait must not leave a run behind"
+        # Without waiting, the same caller may still create runs.
+        assert (
+            await api.client.post("/runs", json={"input": QUESTION, "context": EAST})
+        ).status_code == 201
+        await api.client.post(f"/runs/{slow['run_id']}/cancel")
+        assert (await holder).json()["state"] == "failed"
+        assert not api.engine_services.streams.open, "the slot is given back"
