@@ -116,7 +116,7 @@ def main() -> None:
             flush=True,
         )
         http = http_throughput.measure(h_reps, flows1, flows20)
-        print(markdown_table(http_throughput.HEADER, [r.row() for r in http.rows]))
+        print(markdown_table(http_throughput.HEADER, http.table()))
         print(f"\nPostgreSQL transactions per flow (ours): {http.tx_per_flow:.0f}\n")
         print(markdown_table(["target", "result"], [list(v) for v in http.verdicts()]), flush=True)
         misses += [t for t, v in http.verdicts() if not v.startswith("met")]
