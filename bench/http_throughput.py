@@ -93,7 +93,7 @@ async def ours_sse_flow(http: httpx.AsyncClient) -> None:
 async def ours_wait_flow(http: httpx.AsyncClient) -> None:
     """The same flow for a client that needs no events: ``Prefer: wait`` (RFC 7240) on
     ``POST /runs`` answers at the approval, and on ``GET /runs/{id}`` at the end."""
-    wait = {"Prefer": "wait=60"}
+    wait = {"Prefer": "wait=50"}  # inside the client's 60 s timeout: a stall shows as the run
     resp = await http.post("/runs", json={"input": QUESTION, "context": EAST}, headers=wait)
     assert resp.status_code == 201, resp.text
     run = resp.json()

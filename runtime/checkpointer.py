@@ -12,8 +12,12 @@
   LangGraph's own ``AsyncSqliteSaver`` does it on the event loop too.
 
 The two methods below are the upstream ones (langgraph-checkpoint-postgres 3.2) with
-``to_thread`` taken out; ``tests/unit/test_checkpointer.py`` checks that they write
-what the upstream saver writes, so an upgrade that changes them fails there.
+``to_thread`` taken out. ``tests/unit/test_checkpointer.py`` checks that they write
+what the upstream saver writes, and holds a hash of the upstream methods mirrored here:
+an upgrade that changes them fails there until this file is brought in line.
+
+Without the lock, each operation takes a connection of the pool for itself: drives
+wait for one in the pool's queue (psycopg_pool, FIFO) instead of behind the lock.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     max_streams_per_principal: int = 10
     """Open SSE streams (and `Prefer: wait` requests) per caller and server process;
     past it 429."""
-    max_wait_s: float = Field(default=60.0, ge=0, le=3600)
+    max_wait_s: int = Field(default=60, ge=0, le=3600)
     """The longest `POST /runs` or `GET /runs/{id}` holds a `Prefer: wait=N` request."""
     bootstrap_local_keys: bool | None = None
     """With no API key in the store, create a local admin and approver key on start.

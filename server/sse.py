@@ -82,7 +82,8 @@ class StreamSlots:
         if self.open[holder] >= limit:
             raise RuntimeProblem(
                 Code.TOO_MANY_STREAMS,
-                f"{limit} event streams are open for this caller; close one first",
+                f"{limit} event streams or waiting requests are open for this caller;"
+                " close one first",
                 retry_after=5,
             )
         self.open[holder] += 1

@@ -4,16 +4,20 @@ A client that only needs the outcome (a script, a batch job, the way LangGraph's
 ``runs/wait`` is used) asks ``POST /runs`` or ``GET /runs/{id}`` to hold the response
 until the run is parked for a human or has ended, instead of following its event
 stream. The wait is bounded by the server (``max_wait_s``), and a waiting request holds
-one of its caller's stream slots: it holds a connection just as a stream does. When the
-time is up the run is returned as it is then: the caller sees its state and asks again.
-A preference we cannot read is ignored, as RFC 7240 says.
+one of its caller's stream slots: it holds a connection just as a stream does, and
+gives the slot back as soon as its client hangs up. When the time is up the run is
+returned as it is then: the caller sees its state and asks again. A preference we
+cannot read is ignored, as RFC 7240 says.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import Iterator
+
+from starlette.requests import Request
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.lifecycle import TERMINAL
@@ -21,23 +25,29 @@ from runtime.model import Run
 from server.api.deps import Services
 from server.auth import Principal
 
+PREFER_WAIT = (
+    "`wait=N` (RFC 7240): answer once the run is parked for a human or has ended, or after"
+    " N seconds (at most the server's `max_wait_s`) with the run as it is then;"
+    " `Preference-Applied: wait=N` (N as capped) says the wait was applied."
+)
 _WAIT = re.compile(r'\s*wait\s*=\s*"?([0-9]{1,9})"?\s*', re.IGNORECASE)
+VARY = {"Vary": "Prefer"}
+"""On every response of a route that may honour the preference (RFC 7240 §2)."""
 
 
-def wait_preference(prefer: str | None, most: float) -> int | None:
-    """Seconds to wait from a ``Prefer`` header (at most ``most``), or None if not asked."""
-    if not prefer:
-        return None
-    for preference in prefer.split(","):
-        match = _WAIT.fullmatch(preference.split(";", 1)[0])
-        if match:
-            return min(int(match.group(1)), int(most))
+def wait_preference(request: Request, most: int) -> int | None:
+    """Seconds to wait from the ``Prefer`` header(s) (at most ``most``), or None."""
+    for header in request.headers.getlist("prefer"):
+        for preference in header.split(","):
+            match = _WAIT.fullmatch(preference.split(";", 1)[0])
+            if match:
+                return min(int(match.group(1)), most)
     return None
 
 
 def applied(wait_s: int) -> dict[str, str]:
     """Headers of a response that honoured ``Prefer: wait``."""
-    return {"Preference-Applied": f"wait={wait_s}", "Vary": "Prefer"}
+    return {"Preference-Applied": f"wait={wait_s}", **VARY}
 
 
 @contextlib.contextmanager
@@ -56,15 +66,34 @@ def wait_slot(services: Services, principal: Principal, wait_s: int | None) -> I
         release()
 
 
-async def settled(services: Services, run: Run, wait_s: int) -> Run:
-    """The run once it is parked or final, or as it is after ``wait_s`` seconds.
-    The caller holds a :func:`wait_slot`."""
+async def _hung_up(request: Request) -> None:
+    """Return when the client has gone (its body, if any, has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def settled(services: Services, request: Request, run: Run, wait_s: int) -> Run:
+    """The run once it is parked or final, or as it is after ``wait_s`` seconds, or
+    when the client hangs up (nobody reads the answer then). The caller holds a
+    :func:`wait_slot`."""
     if run.state in TERMINAL or wait_s == 0:
         return run
+    waiting = asyncio.ensure_future(services.engine.wait_settled(run.run_id, within_s=wait_s))
+    gone = asyncio.ensure_future(_hung_up(request))
     try:
-        return await services.engine.wait_settled(run.run_id, within_s=wait_s)
-    except TimeoutError:
-        now = await services.store.get_run(run.run_id)
-        if now is None:  # pruned while we waited
-            raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run.run_id}") from None
-        return now
+        await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (waiting, gone):
+            task.cancel()
+        await asyncio.gather(waiting, gone, return_exceptions=True)
+    if waiting.cancelled():  # the client hung up first: nobody reads this answer
+        return run
+    failed = waiting.exception()
+    if failed is None:
+        return waiting.result()
+    if not isinstance(failed, TimeoutError):
+        raise failed
+    now = await services.store.get_run(run.run_id)
+    if now is None:  # pruned while we waited
+        raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run.run_id}")
+    return now

@@ -4,6 +4,7 @@ settled (parked for a human, or ended), or as it is when the time is up."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +50,23 @@ async def test_without_the_preference_nothing_waits(api: Api) -> None:
     assert "preference-applied" not in resp.headers
     got = await api.client.get(f"/runs/{resp.json()['run_id']}")
     assert "preference-applied" not in got.headers
+    # It could have waited: a cache must key on Prefer (RFC 7240 §2).
+    assert got.headers["vary"] == "Prefer" and resp.headers["vary"] == "Prefer"
     await api.client.post(f"/runs/{resp.json()['run_id']}/cancel")
 
 
 async def test_when_the_time_is_up_the_run_comes_as_it_is(api: Api) -> None:
+    t0 = time.monotonic()
     created = await api.client.post("/runs", json={**SLOW, "context": EAST}, headers=waiting(1))
+    assert time.monotonic() - t0 >= 0.9, "it waited for the time asked"
     assert created.status_code == 201, created.text
     run = created.json()
     assert run["state"] in ("pending", "planning", "executing"), run
     assert created.headers["preference-applied"] == "wait=1"
+    t0 = time.monotonic()
     again = await api.client.get(f"/runs/{run['run_id']}", headers=waiting(1))
-    assert again.json()["state"] == "executing", again.json()
+    assert time.monotonic() - t0 >= 0.9
+    assert again.json()["state"] in ("planning", "executing"), again.json()
     await api.client.post(f"/runs/{run['run_id']}/cancel")
     # A run that has ended answers at once, whatever the wait asked for.
     ended = await asyncio.wait_for(
@@ -78,6 +85,7 @@ async def test_when_the_time_is_up_the_run_comes_as_it_is(api: Api) -> None:
         ("wait=-1", None),  # not a preference we can read: ignored (RFC 7240 §2)
         ("wait=soon", None),
         ("handling=strict", None),
+        ("x" * 5000, None),  # too long to be ours: ignored, not refused
         ("", None),
     ],
 )
@@ -89,6 +97,15 @@ async def test_the_preference_is_read_as_rfc_7240_says(
     assert resp.status_code == 200, resp.text
     assert resp.headers.get("preference-applied") == applied
     await api.settle(run["run_id"])
+
+
+async def test_every_prefer_line_is_read(api: Api) -> None:
+    run = await api.create(agent_id="typo_fixer", input="echo")
+    resp = await api.client.get(
+        f"/runs/{run['run_id']}", headers=[("Prefer", "respond-async"), ("Prefer", "wait=5")]
+    )
+    assert resp.headers.get("preference-applied") == "wait=5"
+    assert resp.json()["state"] == "succeeded"
 
 
 async def test_waiting_for_an_unknown_run_is_404_at_once(api: Api) -> None:

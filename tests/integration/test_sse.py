@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 import time
 
 import httpx
+import pytest
 
 from tests.auth import MGR, OPS
 from tests.integration.conftest import state_is
@@ -110,3 +112,35 @@ def test_open_streams_per_caller_are_capped(server: ServerProcess) -> None:
         assert again.status_code == 200
         # Only tidying up: 202 means the holder is still stopping it.
         assert http.post(f"/runs/{run_id}/cancel").status_code in (200, 202)
+
+
+def test_a_wait_whose_client_hangs_up_gives_its_slot_back(server: ServerProcess) -> None:
+    server.env["AGENT_RUNTIME_MAX_STREAMS_PER_PRINCIPAL"] = "1"
+    server.start()
+    with server.client() as http:
+        run_id = http.post("/runs", json={"agent_id": "slow_worker", "input": "sleep 30"}).json()[
+            "run_id"
+        ]
+        wait_1s = {"Prefer": "wait=1"}
+        request = (
+            f"GET /runs/{run_id} HTTP/1.1\r\nHost: test\r\nPrefer: wait=60\r\n"
+            f"Authorization: {OPS['Authorization']}\r\n\r\n"
+        ).encode()
+        hanging = socket.create_connection(("127.0.0.1", server.port))
+        hanging.settimeout(1.0)
+        hanging.sendall(request)
+        with pytest.raises(TimeoutError):  # no answer: it waits, holding the one slot
+            hanging.recv(1000)
+        refused = http.get(f"/runs/{run_id}", headers=wait_1s)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["code"] == "TOO_MANY_STREAMS"
+        hanging.close()
+        # Not 60 s later: once the server sees the connection gone, the slot is free.
+        for _ in range(40):
+            again = http.get(f"/runs/{run_id}", headers=wait_1s)
+            if again.status_code == 200:
+                break
+            time.sleep(0.05)
+        assert again.status_code == 200, again.text
+        assert again.headers["preference-applied"] == "wait=1"
+        http.post(f"/runs/{run_id}/cancel")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Annotated, Any
 
@@ -34,17 +35,21 @@ from server.api.paging import next_link
 from server.api.problems import PROBLEM_RESPONSES
 from server.api.redaction import RunTools, redact_steps, redact_tool_calls
 from server.api.trace import trace_body, trace_head
-from server.api.waiting import applied, settled, wait_preference, wait_slot
+from server.api.waiting import (
+    PREFER_WAIT,
+    VARY,
+    applied,
+    settled,
+    wait_preference,
+    wait_slot,
+)
 from server.auth import Principal
 from server.sse import event_stream
 
 MAX_SEQ = 10**15
 MAX_EVENT_PAGE = 10_000
 """The most events one JSON page holds (the SSE stream has no such bound)."""
-PREFER_WAIT = (
-    "`wait=N` (RFC 7240): answer once the run is parked for a human or has ended, or after"
-    " N seconds (at most the server's `max_wait_s`) with the run as it is then."
-)
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["runs"], responses=PROBLEM_RESPONSES)
 
 
@@ -78,7 +83,8 @@ async def create_run(
     services: ServicesDep,
     principal: PrincipalDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
-    prefer: Annotated[str | None, Header(max_length=200, description=PREFER_WAIT)] = None,
+    # Read with every Prefer line by wait_preference; declared for the API's docs.
+    _prefer: Annotated[str | None, Header(alias="prefer", description=PREFER_WAIT)] = None,
 ) -> Any:
     body.context = context_for(body, principal)
     if idempotency_key is not None:
@@ -87,15 +93,20 @@ async def create_run(
                 Code.VALIDATION_ERROR, "Idempotency-Key header and options.idempotency_key differ"
             )
         body.options.idempotency_key = idempotency_key
-    wait_s = wait_preference(prefer, services.settings.max_wait_s)
+    wait_s = wait_preference(request, services.settings.max_wait_s)
     with wait_slot(services, principal, wait_s):
         run, created = await engine.create_run(
             body, max_active=services.settings.max_active_runs_per_tenant
         )
-        headers = {"Location": str(request.url_for("get_run", run_id=run.run_id).path)}
+        headers = {"Location": str(request.url_for("get_run", run_id=run.run_id).path), **VARY}
         if wait_s is not None:
-            run = await settled(services, run, wait_s)
-            headers.update(applied(wait_s))
+            try:
+                run = await settled(services, request, run, wait_s)
+                headers.update(applied(wait_s))
+            except Exception:
+                # The run exists: say so (201 and where it is), not that creating failed,
+                # or a client retrying without an idempotency key makes a second one.
+                log.warning("waiting on new run %s failed", run.run_id, exc_info=True)
     return JSONResponse(
         run.model_dump(mode="json"), status_code=201 if created else 200, headers=headers
     )
@@ -147,15 +158,20 @@ async def get_run(
     run: RunDep,
     services: ServicesDep,
     principal: PrincipalDep,
+    request: Request,
     response: Response,
-    prefer: Annotated[str | None, Header(max_length=200, description=PREFER_WAIT)] = None,
+    # Read with every Prefer line by wait_preference; declared for the API's docs.
+    _prefer: Annotated[str | None, Header(alias="prefer", description=PREFER_WAIT)] = None,
 ) -> Run:
-    wait_s = wait_preference(prefer, services.settings.max_wait_s)
+    response.headers.update(VARY)
+    wait_s = wait_preference(request, services.settings.max_wait_s)
     if wait_s is None:
         return run
     response.headers.update(applied(wait_s))
+    if run.state in TERMINAL:
+        return run
     with wait_slot(services, principal, wait_s):
-        return await settled(services, run, wait_s)
+        return await settled(services, request, run, wait_s)
 
 
 @router.get(
