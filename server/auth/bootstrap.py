@@ -67,6 +67,21 @@ async def ensure_local_keys(store: RunStore, data_dir: Path) -> Path | None:
         "approver": {"token": approver.token, "tenant_id": LOCAL_TENANT, "user_id": "approver"},
     }
     _write_private(path, json.dumps(data, indent=2))
+    # On the trail like a key made with `agent-runtime keys create`; after the file,
+    # so that a failed audit write cannot lose the keys' only copy.
+    for key, user, roles, scopes in (
+        (admin, "admin", [ADMIN], [ANY_SCOPE]),
+        (approver, "approver", [APPROVER], []),
+    ):
+        await store.record_audit(
+            LOCAL_TENANT,
+            "bootstrap",
+            "key.create",
+            key.key_id,
+            user_id=user,
+            roles=roles,
+            scopes=scopes,
+        )
     log.warning(
         "\n  No API key existed: created two local keys (tenant %r), saved in %s\n"
         "    admin:    %s\n    approver: %s\n"

@@ -186,7 +186,13 @@ async def test_first_start_creates_local_keys_once(database_url: str, data_dir: 
         store = api.engine_services.store
         assert await ensure_local_keys(store, data_dir) is not None
         assert read_local_keys(data_dir) == keys  # not replaced on the next start
-        assert len(await store.list_api_keys()) == 2
+        made = await store.list_api_keys()
+        assert len(made) == 2
+        # On the audit trail once, as keys made with the CLI are.
+        entries = (await client.get("/audit", headers=admin)).json()
+        assert sorted((e["action"], e["actor"], e["subject"]) for e in entries) == sorted(
+            ("key.create", "bootstrap", k.key_id) for k in made
+        )
 
 
 def test_risky_jwt_settings_refuse_to_start(tmp_path: Path) -> None:
