@@ -39,8 +39,9 @@ def sqlite_path(url: str) -> Path:
     return Path(url.removeprefix("sqlite:///"))
 
 
-async def open_backend(url: str) -> Backend:
-    """``sqlite:///path/file.db`` or ``postgresql://…``; both stores live in that database."""
+async def open_backend(url: str, pool_size: int = 10) -> Backend:
+    """``sqlite:///path/file.db`` or ``postgresql://…``; both stores live in that database
+    (on PostgreSQL, one pool of at most ``pool_size`` connections for all three)."""
     if url.startswith("sqlite:///"):
         path = sqlite_path(url)
         store = await SqliteRunStore.open(path)
@@ -61,7 +62,7 @@ async def open_backend(url: str) -> Backend:
 
         return Backend(store, saver, memory, close_sqlite)
     if url.startswith(("postgresql://", "postgres://")):
-        pool = await open_pool(url)
+        pool = await open_pool(url, max_size=pool_size)
         pg_store = await PostgresRunStore.open(pool)
         pg_saver = PooledPostgresSaver(pool)  # type: ignore[arg-type]
         pg_memory = AsyncPostgresStore(pool)  # type: ignore[arg-type]

@@ -44,7 +44,7 @@ async def open_host(
 ) -> AsyncIterator[Host]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     url = settings.resolved_database_url
-    backend = await open_backend(url)
+    backend = await open_backend(url, pool_size=settings.db_pool_size)
     if backend.store.dialect == "sqlite":
         await backend.store.expire_all_leases()
     bus = EventBus()

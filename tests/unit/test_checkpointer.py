@@ -8,6 +8,7 @@ import hashlib
 import inspect
 import operator
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import psycopg
@@ -173,3 +174,14 @@ async def test_a_blocked_write_holds_up_no_other_on_a_pool(
             assert not free.done()
         other.rollback()
     await asyncio.wait_for(asyncio.gather(blocked, free), 30)
+
+
+async def test_the_servers_pool_is_sized_by_its_setting(pg_schema_url: str, tmp_path: Path) -> None:
+    from server.host import open_host
+    from server.settings import Settings
+
+    settings = Settings(data_dir=tmp_path, database_url=pg_schema_url, db_pool_size=3)
+    async with open_host(settings, run_worker=False) as host:
+        saver = host.engine.checkpointer
+        assert isinstance(saver, PooledPostgresSaver)
+        assert isinstance(saver.conn, AsyncConnectionPool) and saver.conn.max_size == 3
