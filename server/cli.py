@@ -55,6 +55,7 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from server.cli_client import (
@@ -119,8 +120,17 @@ def _server_command(args: argparse.Namespace) -> int:
     elif args.command == "worker":
         if args.concurrency is not None:
             settings.worker_concurrency = args.concurrency
-        asyncio.run(_run_worker(settings))
+        _event_loop_run()(_run_worker(settings))
     return 0
+
+
+def _event_loop_run() -> Callable[[Coroutine[Any, Any, None]], None]:
+    """uvloop's runner where it is installed (uvicorn[standard]), as `serve` runs on it."""
+    try:
+        import uvloop
+    except ImportError:  # not on every platform: see uvloop's markers
+        return asyncio.run
+    return uvloop.run
 
 
 # -- arguments -----------------------------------------------------------------------

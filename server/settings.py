@@ -70,7 +70,9 @@ class Settings(BaseSettings):
     """Runs one process drives at once."""
     db_pool_size: int = Field(default=10, ge=2, le=1000)
     """PostgreSQL connections one process keeps at most (run store, checkpointer and
-    memory share them; each statement holds one only while it runs)."""
+    memory share them; each statement holds one only while it runs). At least 2: schema
+    set-up holds an advisory lock on one while it migrates on another. The LISTEN
+    connection for cross-process events comes on top."""
     shutdown_grace_s: float = 10.0
     """On SIGTERM: how long current drives may finish before they are handed back."""
     retention_days: float | None = Field(default=None, gt=0, le=365_000)

@@ -13,12 +13,17 @@ import os
 from pathlib import Path
 
 from runtime.store.base import RunStore
-from server.auth.keys import create_key
+from server.auth.keys import NewKey, create_key
 from server.auth.principal import ADMIN, ANY_SCOPE, APPROVER
 
 log = logging.getLogger(__name__)
 LOCAL_TENANT = "local"
 LOCAL_KEYS_FILE = "local-keys.json"
+LOCAL_KEYS: tuple[tuple[str, list[str], list[str]], ...] = (
+    ("admin", [ADMIN], [ANY_SCOPE]),
+    ("approver", [APPROVER], []),
+)
+"""The first start's keys: user (also the file's entry), roles, scopes."""
 
 
 def local_keys_path(data_dir: Path) -> Path:
@@ -47,41 +52,34 @@ async def ensure_local_keys(store: RunStore, data_dir: Path) -> Path | None:
     path = local_keys_path(data_dir)
     if await store.has_api_keys():
         return path if path.exists() else None
-    admin = await create_key(
-        store,
-        tenant_id=LOCAL_TENANT,
-        user_id="admin",
-        roles=[ADMIN],
-        scopes=[ANY_SCOPE],
-        label="local admin (created on first start)",
-    )
-    approver = await create_key(
-        store,
-        tenant_id=LOCAL_TENANT,
-        user_id="approver",
-        roles=[APPROVER],
-        label="local approver (created on first start)",
-    )
+    made: dict[str, NewKey] = {}
+    for user, roles, scopes in LOCAL_KEYS:
+        made[user] = await create_key(
+            store,
+            tenant_id=LOCAL_TENANT,
+            user_id=user,
+            roles=roles,
+            scopes=scopes,
+            label=f"local {user} (created on first start)",
+        )
     data = {
-        "admin": {"token": admin.token, "tenant_id": LOCAL_TENANT, "user_id": "admin"},
-        "approver": {"token": approver.token, "tenant_id": LOCAL_TENANT, "user_id": "approver"},
+        user: {"token": key.token, "tenant_id": LOCAL_TENANT, "user_id": user}
+        for user, key in made.items()
     }
     _write_private(path, json.dumps(data, indent=2))
     # On the trail like a key made with `agent-runtime keys create`; after the file,
     # so that a failed audit write cannot lose the keys' only copy.
-    for key, user, roles, scopes in (
-        (admin, "admin", [ADMIN], [ANY_SCOPE]),
-        (approver, "approver", [APPROVER], []),
-    ):
+    for user, roles, scopes in LOCAL_KEYS:
         await store.record_audit(
             LOCAL_TENANT,
             "bootstrap",
             "key.create",
-            key.key_id,
+            made[user].key_id,
             user_id=user,
             roles=roles,
             scopes=scopes,
         )
+    admin, approver = made["admin"], made["approver"]
     log.warning(
         "\n  No API key existed: created two local keys (tenant %r), saved in %s\n"
         "    admin:    %s\n    approver: %s\n"
