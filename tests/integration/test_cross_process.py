@@ -33,6 +33,7 @@ from tests.integration.scale_out import (
 )
 from tests.integration.server_proc import (
     ServerProcess,
+    WorkerProcess,
 )
 from tools.retail import count_outbox
 
@@ -128,6 +129,33 @@ def test_approve_on_one_server_stream_on_the_other(
     types = [t for _, t, _ in got]
     assert "action" in types and "result" in types
     assert elapsed < 30
+    assert count_outbox(data_dir / "retail.db") == 1
+
+
+def test_a_wait_on_an_http_only_server_ends_when_a_worker_settles_the_run(
+    pg_schema_url: str, data_dir: Path, processes: Processes
+) -> None:
+    """`Prefer: wait` on a server that drives nothing: a worker process parks and ends
+    the run, and the waiting requests learn it through PostgreSQL's NOTIFY."""
+    api = processes.add(ServerProcess(data_dir, pg_schema_url, no_worker=True, **QUICK_EXIT))
+    worker = processes.add(WorkerProcess(data_dir, pg_schema_url, **QUICK_EXIT))
+    api.start()
+    worker.start()
+    wait = {"Prefer": "wait=20"}  # inside the client's 30 s timeout
+    with api.client() as http:
+        created = http.post("/runs", json={"input": QUESTION, "context": EAST}, headers=wait)
+        assert created.status_code == 201, created.text
+        assert created.headers["preference-applied"] == "wait=20"
+        parked = created.json()
+        assert parked["state"] == "waiting_human", parked
+        run_id, approval_id = parked["run_id"], parked["pending_approval"]["approval_id"]
+        resp = http.post(
+            f"/runs/{run_id}/approvals/{approval_id}", json={"decision": "approve"}, headers=MGR
+        )
+        assert resp.status_code == 202, resp.text
+        done = http.get(f"/runs/{run_id}", headers=wait).json()
+        assert done["state"] == "succeeded", done
+        assert done["result"]["answer"]
     assert count_outbox(data_dir / "retail.db") == 1
 
 
