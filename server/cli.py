@@ -100,23 +100,15 @@ async def _run_worker(settings: Settings) -> None:
 
 
 def _server_command(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from server.settings import Settings
 
     settings = Settings()
     _logging(settings)
     if args.command == "serve":
         from server.app import create_app
+        from server.serving import serve
 
-        app = create_app(settings, run_worker=not args.no_worker)
-        uvicorn.run(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level=settings.log_level,
-            timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
-        )
+        serve(create_app(settings, run_worker=not args.no_worker), settings, args.host, args.port)
     elif args.command == "worker":
         if args.concurrency is not None:
             settings.worker_concurrency = args.concurrency

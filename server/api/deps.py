@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -28,6 +29,13 @@ class Services:
     bus: EventBus
     auth: Authenticator
     streams: StreamSlots = field(default_factory=StreamSlots)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the server begins to shut down: waiting requests answer at once."""
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+
+    def begin_stopping(self) -> None:
+        """Safe from a signal handler (it may interrupt the loop anywhere)."""
+        self.loop.call_soon_threadsafe(self.stopping.set)
 
 
 def get_services(request: Request) -> Services:

@@ -73,26 +73,30 @@ async def _hung_up(request: Request) -> None:
 
 
 async def settled(services: Services, request: Request, run: Run, wait_s: int) -> Run:
-    """The run once it is parked or final, or as it is after ``wait_s`` seconds, or
-    when the client hangs up (nobody reads the answer then). The caller holds a
-    :func:`wait_slot`."""
+    """The run once it is parked or final, or as it is after ``wait_s`` seconds or when
+    the server begins to shut down; nothing when the client hangs up (nobody reads the
+    answer then). The caller holds a :func:`wait_slot`."""
     if run.state in TERMINAL or wait_s == 0:
         return run
     waiting = asyncio.ensure_future(services.engine.wait_settled(run.run_id, within_s=wait_s))
     gone = asyncio.ensure_future(_hung_up(request))
+    stopping = asyncio.ensure_future(services.stopping.wait())
     try:
-        await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({waiting, gone, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (waiting, gone):
+        for task in (waiting, gone, stopping):
             task.cancel()
-        await asyncio.gather(waiting, gone, return_exceptions=True)
-    if waiting.cancelled():  # the client hung up first: nobody reads this answer
+        await asyncio.gather(waiting, gone, stopping, return_exceptions=True)
+    if waiting in done:
+        failed = waiting.exception()
+        if failed is None:
+            return waiting.result()
+        if not isinstance(failed, TimeoutError):
+            raise failed
+    elif stopping not in done:  # the client hung up: nobody reads this answer
         return run
-    failed = waiting.exception()
-    if failed is None:
-        return waiting.result()
-    if not isinstance(failed, TimeoutError):
-        raise failed
+    # The time is up, or the server is shutting down: the run as it is now (rather
+    # than a 500 when the server's grace period ends); the client asks again.
     now = await services.store.get_run(run.run_id)
     if now is None:  # pruned while we waited
         raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run.run_id}")

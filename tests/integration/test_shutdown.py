@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import TypedDict
 
+import httpx
+
 from tests.agents import counter_lines
 from tests.integration.conftest import Processes, state_is
+from tests.integration.scale_out import create_run
 from tests.integration.server_proc import ServerProcess, WorkerProcess, wait_for_file
 
 
@@ -73,3 +79,28 @@ def test_cancel_on_a_server_stops_the_run_in_the_worker_that_holds_it(
     assert run["outcome"]["side_effects"] == [counter_id]  # sleep has no side effect
     assert run["outcome"]["compensations"] == [counter_id]
     assert counter_lines(data_dir) == [f"{counter_id} once", f"{counter_id} undo"]
+
+
+def test_sigterm_answers_a_waiting_request_with_the_run_as_it_is(server: ServerProcess) -> None:
+    server.env["AGENT_RUNTIME_SHUTDOWN_GRACE_S"] = "5"
+    server.start()
+    with server.client() as http:
+        run_id = create_run(http, agent_id="slow_worker", input="sleep 30")
+    answers: list[httpx.Response] = []
+
+    def wait() -> None:
+        with server.client() as http:
+            answers.append(http.get(f"/runs/{run_id}", headers={"Prefer": "wait=60"}))
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(1.0)  # the request is in and waiting
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGTERM)
+    waiter.join(30)
+    # Not cut off when the grace period ends (a 500 then): answered as shutdown began.
+    (answer,) = answers
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["preference-applied"] == "wait=60"
+    assert answer.json()["state"] in ("planning", "executing"), answer.json()
+    assert server.proc.wait(30) in (0, -15)  # uvicorn re-raises the signal it handled

@@ -10,6 +10,7 @@ import pytest
 
 from tests.auth import MGR, OPS
 from tests.integration.conftest import state_is
+from tests.integration.scale_out import create_run
 from tests.integration.server_proc import ServerProcess
 
 
@@ -118,16 +119,14 @@ def test_a_wait_whose_client_hangs_up_gives_its_slot_back(server: ServerProcess)
     server.env["AGENT_RUNTIME_MAX_STREAMS_PER_PRINCIPAL"] = "1"
     server.start()
     with server.client() as http:
-        run_id = http.post("/runs", json={"agent_id": "slow_worker", "input": "sleep 30"}).json()[
-            "run_id"
-        ]
+        run_id = create_run(http, agent_id="slow_worker", input="sleep 30")
         wait_1s = {"Prefer": "wait=1"}
         request = (
             f"GET /runs/{run_id} HTTP/1.1\r\nHost: test\r\nPrefer: wait=60\r\n"
             f"Authorization: {OPS['Authorization']}\r\n\r\n"
         ).encode()
         hanging = socket.create_connection(("127.0.0.1", server.port))
-        hanging.settimeout(1.0)
+        hanging.settimeout(3.0)  # ample for the server to take the request (and its slot)
         hanging.sendall(request)
         with pytest.raises(TimeoutError):  # no answer: it waits, holding the one slot
             hanging.recv(1000)

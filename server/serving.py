@@ -1,0 +1,37 @@
+"""``agent-runtime serve``: the app under uvicorn, told when shutdown begins."""
+
+from __future__ import annotations
+
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from server.settings import Settings
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, telling the app when shutdown begins: requests waiting on a
+    run (``Prefer: wait``) answer then with the run as it is, instead of a 500 when the
+    grace period ends. (SSE clients reconnect with Last-Event-ID anyway.)"""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self.app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        services = getattr(self.app.state, "services", None)
+        if services is not None:  # None until the app has started
+            services.begin_stopping()
+        super().handle_exit(sig, frame)
+
+
+def serve(app: FastAPI, settings: Settings, host: str, port: int) -> None:
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
+    )
+    Server(config, app).run()
