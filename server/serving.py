@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from types import FrameType
+import contextlib
+import socket
 
 import uvicorn
 from fastapi import FastAPI
@@ -19,11 +20,13 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.app = app
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         services = getattr(self.app.state, "services", None)
-        if services is not None:  # None until the app has started
-            services.begin_stopping()
-        super().handle_exit(sig, frame)
+        if services is not None:  # None if it stops before the app has started
+            # The waits wake once uvicorn has closed the listeners and marked every
+            # connection to close: their answers say Connection: close.
+            services.stopping.set()
+        await super().shutdown(sockets)
 
 
 def serve(app: FastAPI, settings: Settings, host: str, port: int) -> None:
@@ -34,4 +37,5 @@ def serve(app: FastAPI, settings: Settings, host: str, port: int) -> None:
         log_level=settings.log_level,
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
     )
-    Server(config, app).run()
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn re-raises it once done
+        Server(config, app).run()

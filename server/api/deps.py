@@ -31,11 +31,6 @@ class Services:
     streams: StreamSlots = field(default_factory=StreamSlots)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the server begins to shut down: waiting requests answer at once."""
-    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
-
-    def begin_stopping(self) -> None:
-        """Safe from a signal handler (it may interrupt the loop anywhere)."""
-        self.loop.call_soon_threadsafe(self.stopping.set)
 
 
 def get_services(request: Request) -> Services:

@@ -87,7 +87,7 @@ async def settled(services: Services, request: Request, run: Run, wait_s: int) -
         for task in (waiting, gone, stopping):
             task.cancel()
         await asyncio.gather(waiting, gone, stopping, return_exceptions=True)
-    if waiting in done:
+    if waiting in done and not waiting.cancelled():
         failed = waiting.exception()
         if failed is None:
             return waiting.result()

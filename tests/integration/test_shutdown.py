@@ -86,21 +86,26 @@ def test_sigterm_answers_a_waiting_request_with_the_run_as_it_is(server: ServerP
     server.start()
     with server.client() as http:
         run_id = create_run(http, agent_id="slow_worker", input="sleep 30")
-    answers: list[httpx.Response] = []
+    answers: list[httpx.Response | BaseException] = []
 
     def wait() -> None:
-        with server.client() as http:
-            answers.append(http.get(f"/runs/{run_id}", headers={"Prefer": "wait=60"}))
+        try:
+            with server.client() as http:
+                answers.append(http.get(f"/runs/{run_id}", headers={"Prefer": "wait=60"}))
+        except BaseException as exc:  # shown by the assertion below, not lost in the thread
+            answers.append(exc)
 
-    waiter = threading.Thread(target=wait)
+    waiter = threading.Thread(target=wait, daemon=True)
     waiter.start()
-    time.sleep(1.0)  # the request is in and waiting
-    assert server.proc is not None
+    time.sleep(3.0)  # ample for the request to be in and waiting, under a loaded CI
+    assert server.proc is not None and not answers, answers
     server.proc.send_signal(signal.SIGTERM)
     waiter.join(30)
-    # Not cut off when the grace period ends (a 500 then): answered as shutdown began.
+    # Not cut off when the grace period (5 s) ends, with a 500: answered as shutdown began.
     (answer,) = answers
+    assert isinstance(answer, httpx.Response), answer
     assert answer.status_code == 200, answer.text
     assert answer.headers["preference-applied"] == "wait=60"
-    assert answer.json()["state"] in ("planning", "executing"), answer.json()
+    assert answer.json()["state"] in ("pending", "planning", "executing"), answer.json()
     assert server.proc.wait(30) in (0, -15)  # uvicorn re-raises the signal it handled
+    assert "Traceback" not in server.log_text()
