@@ -164,6 +164,7 @@ class RunCommands:
             "checkpoint_id": (snapshot.config or {}).get("configurable", {}).get("checkpoint_id"),
             "next": list(snapshot.next),
             "planner_context_ref": f"mem://{run.run_id}/planner-v{step}",
+            "planner_context_url": f"/runs/{run.run_id}/planner-context/{step}",
             "tool_calls": list(values.get("tool_calls", [])),
             "memory_snapshot": f"memory://{run.run_id}/v{memory_version}",
             "handoff_stack": list(values.get("handoff_stack", [])),
@@ -172,3 +173,14 @@ class RunCommands:
             ),
             "budget": values.get("usage") or {},
         }
+
+    async def state_before_planning(self, run: Run, step: int) -> dict[str, Any] | None:
+        """The graph state the planner was handed to decide step ``step`` (from the
+        checkpoint written just before that planner task), or None if it never was."""
+        config: Any = {"configurable": {"thread_id": run.run_id}}
+        async for snapshot in self.graphs[run.agent_id].aget_state_history(config):
+            values = snapshot.values or {}
+            usage = values.get("usage") or {}
+            if snapshot.next == ("planner",) and int(usage.get("steps", 0)) == step:
+                return dict(values)
+        return None

@@ -42,6 +42,7 @@ class Code(StrEnum):
     RUN_NOT_FOUND = "RUN_NOT_FOUND"
     APPROVAL_NOT_FOUND = "APPROVAL_NOT_FOUND"
     ARTIFACT_NOT_FOUND = "ARTIFACT_NOT_FOUND"
+    STEP_NOT_FOUND = "STEP_NOT_FOUND"
     AGENT_NOT_FOUND = "AGENT_NOT_FOUND"
     IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
     APPROVAL_CONFLICT = "APPROVAL_CONFLICT"
@@ -90,6 +91,7 @@ CODES: dict[Code, CodeInfo] = {
     C.RUN_NOT_FOUND: CodeInfo("No such run", R.NONE, 404),
     C.APPROVAL_NOT_FOUND: CodeInfo("No such approval", R.NONE, 404),
     C.ARTIFACT_NOT_FOUND: CodeInfo("No such artifact", R.NONE, 404),
+    C.STEP_NOT_FOUND: CodeInfo("No such step of the run", R.NONE, 404),
     C.AGENT_NOT_FOUND: CodeInfo("No such agent", R.NONE, 422),
     C.IDEMPOTENCY_CONFLICT: CodeInfo(
         "Idempotency key reused with a different request", R.NONE, 409

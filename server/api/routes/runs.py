@@ -6,10 +6,11 @@ import logging
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
+from nodes.handoff import scoped, top
 from runtime.errors import Code, RuntimeProblem
 from runtime.lifecycle import TERMINAL, State
 from runtime.model import (
@@ -22,7 +23,9 @@ from runtime.model import (
     Step,
     Strict,
     ToolCall,
+    Usage,
 )
+from runtime.planner import Observation
 from server.api.deps import (
     EngineDep,
     PrincipalDep,
@@ -231,6 +234,43 @@ async def run_trace(run: RunDep, store: StoreDep, engine: EngineDep) -> Streamin
     """The whole record, its events streamed (server.api.trace): no cap, no page."""
     head = await trace_head(store, RunTools(engine, run), run)
     return StreamingResponse(trace_body(store, run.run_id, head), media_type="application/json")
+
+
+class PlannerContext(BaseModel):
+    """What the planner was handed to decide a step (the checkpoint view's
+    ``planner_context_ref``), read back from the checkpoint written just before."""
+
+    run_id: str
+    step_index: int
+    agent_id: str
+    """The agent that planned: the run's own, or a sub-agent it had handed off to."""
+    input: str
+    """The run's input, or a sub-agent's task."""
+    task_data: dict[str, Any] | None = None
+    observations: list[Observation]
+    """What that agent had seen by then: summaries and refs (ledger ids, artifacts)."""
+    usage: Usage
+    """The run's budget used before the step."""
+
+
+@router.get("/runs/{run_id}/planner-context/{step}", response_model=PlannerContext)
+async def planner_context(
+    run: RunDep, engine: EngineDep, step: Annotated[int, Path(ge=0, le=10**9)]
+) -> PlannerContext:
+    values = await engine.state_before_planning(run, step)
+    if values is None:
+        raise RuntimeProblem(Code.STEP_NOT_FOUND, f"{run.run_id} planned no step {step}")
+    view = scoped(values)  # type: ignore[arg-type]
+    frame = top(values)  # type: ignore[arg-type]
+    return PlannerContext(
+        run_id=run.run_id,
+        step_index=step,
+        agent_id=run.agent_id if frame is None else str(frame["agent_id"]),
+        input=str(view.get("input") or ""),
+        task_data=view.get("task_data"),  # type: ignore[typeddict-item]
+        observations=[Observation.model_validate(o) for o in view.get("observations", [])],
+        usage=Usage.model_validate(values.get("usage") or {}),
+    )
 
 
 @router.get("/runs/{run_id}/checkpoint")
