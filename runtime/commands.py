@@ -17,6 +17,9 @@ from runtime.lifecycle import TERMINAL, State
 from runtime.model import Approval, ApprovalDecision, Run
 from runtime.store.base import RunStore
 
+HISTORY_PAGE = 16
+"""Checkpoints read at a time when looking back through a run's history."""
+
 
 @dataclass
 class Drive:
@@ -153,7 +156,10 @@ class RunCommands:
     async def checkpoint(self, run: Run) -> dict[str, Any]:
         """The latest checkpoint of the run's graph, in the chapter's shape (DESIGN §6)."""
         config = {"configurable": {"thread_id": run.run_id}}
-        snapshot = await self.graphs[run.agent_id].aget_state(config)
+        graph = self.graphs.get(run.agent_id)
+        if graph is None:
+            raise RuntimeProblem(Code.AGENT_NOT_FOUND, f"agent {run.agent_id!r} is not hosted here")
+        snapshot = await graph.aget_state(config)
         values = snapshot.values or {}
         step = values.get("step_index", 0)
         memory_version = values.get("memory_version", 0)
@@ -176,11 +182,27 @@ class RunCommands:
 
     async def state_before_planning(self, run: Run, step: int) -> dict[str, Any] | None:
         """The graph state the planner was handed to decide step ``step`` (from the
-        checkpoint written just before that planner task), or None if it never was."""
+        checkpoint written just before that planner task), or None if there is none.
+
+        The history is read newest first, a page at a time (SQLite's saver holds its
+        connection, which every drive writes checkpoints through, while it reads one),
+        and only back to the first checkpoint from before that step."""
+        graph = self.graphs.get(run.agent_id)
+        if graph is None:
+            raise RuntimeProblem(Code.AGENT_NOT_FOUND, f"agent {run.agent_id!r} is not hosted here")
         config: Any = {"configurable": {"thread_id": run.run_id}}
-        async for snapshot in self.graphs[run.agent_id].aget_state_history(config):
-            values = snapshot.values or {}
-            usage = values.get("usage") or {}
-            if snapshot.next == ("planner",) and int(usage.get("steps", 0)) == step:
-                return dict(values)
-        return None
+        before = None
+        while True:
+            page = [
+                s async for s in graph.aget_state_history(config, before=before, limit=HISTORY_PAGE)
+            ]
+            for snapshot in page:
+                values = snapshot.values or {}
+                planned = int((values.get("usage") or {}).get("steps", 0))
+                if planned < step:
+                    return None  # older checkpoints are from before it
+                if planned == step and snapshot.next == ("planner",):
+                    return dict(values)
+            if len(page) < HISTORY_PAGE:
+                return None
+            before = page[-1].config

@@ -50,11 +50,27 @@ async def test_each_step_shows_what_its_planner_was_handed(api: Api) -> None:
     for before, after in itertools.pairwise(seen):
         assert after[: len(before)] == before and len(after) > len(before)
     assert any(o["tool"].startswith("handoff_to_") for o in root[-1]["observations"])
-    # A sub-agent's planner was handed its task, not the question, and only its own.
+    # A sub-agent's planner was handed its task and data, and only its own observations.
+    handoffs = {
+        s["decision"]["handoff"]["agent_id"]: s["decision"]["handoff"]
+        for s in steps
+        if s["decision"]["kind"] == "handoff"
+    }
     for agent, ctxs in subs.items():
-        assert ctxs[0]["input"] != QUESTION and ctxs[0]["observations"] == [], agent
+        assert ctxs[0]["observations"] == [], agent
+        for ctx in ctxs:
+            assert ctx["input"] == handoffs[agent]["task"]
+            assert ctx["task_data"] == handoffs[agent]["data"]
         own = {o["tool_call_id"] for c in ctxs for o in c["observations"]}
         assert not own & {i for s in seen for i in s}
+    # Every observation is a call the ledger holds, made before the step it informed.
+    ledger = {
+        c["tool_call_id"]: c for c in (await api.client.get(f"/runs/{run_id}/tool-calls")).json()
+    }
+    for ctx in contexts:
+        for o in ctx["observations"]:
+            if not o["tool"].startswith("handoff_to_"):
+                assert ledger[o["tool_call_id"]]["step_index"] < ctx["step_index"]
     # The checkpoint view's ref names where it resolves.
     view = (await api.client.get(f"/runs/{run_id}/checkpoint")).json()
     assert view["planner_context_url"] == (f"/runs/{run_id}/planner-context/{view['step_index']}")
@@ -70,3 +86,16 @@ async def test_a_step_never_planned_is_404(api: Api) -> None:
         await api.client.get(f"/runs/{run['run_id']}/planner-context/-1"), 422, "VALIDATION_ERROR"
     )
     problem(await api.client.get("/runs/run-nope/planner-context/0"), 404, "RUN_NOT_FOUND")
+
+
+async def test_a_step_whose_planner_decided_nothing_has_no_context(api: Api) -> None:
+    """Step 1's planner is never asked (the run's one step is spent): no decision to
+    explain, as /steps says, though a checkpoint was written before it."""
+    run = await api.create(agent_id="typo_fixer", input="echo", options={"max_steps": 1})
+    final = await api.settle(run["run_id"])
+    assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
+    assert [
+        s["step_index"] for s in (await api.client.get(f"/runs/{run['run_id']}/steps")).json()
+    ] == [0]
+    assert (await api.client.get(f"/runs/{run['run_id']}/planner-context/0")).status_code == 200
+    problem(await api.client.get(f"/runs/{run['run_id']}/planner-context/1"), 404, "STEP_NOT_FOUND")

@@ -255,11 +255,15 @@ class PlannerContext(BaseModel):
 
 @router.get("/runs/{run_id}/planner-context/{step}", response_model=PlannerContext)
 async def planner_context(
-    run: RunDep, engine: EngineDep, step: Annotated[int, Path(ge=0, le=10**9)]
+    run: RunDep, engine: EngineDep, store: StoreDep, step: Annotated[int, Path(ge=0, le=10**6)]
 ) -> PlannerContext:
-    values = await engine.state_before_planning(run, step)
+    """Only for a step that was decided (listed in ``/steps``): one whose planner failed
+    or was never asked (a budget ran out) has no decision to explain."""
+    values = None
+    if await store.get_step(run.run_id, step) is not None:  # cheap, before any checkpoint
+        values = await engine.state_before_planning(run, step)
     if values is None:
-        raise RuntimeProblem(Code.STEP_NOT_FOUND, f"{run.run_id} planned no step {step}")
+        raise RuntimeProblem(Code.STEP_NOT_FOUND, f"{run.run_id} decided no step {step}")
     view = scoped(values)  # type: ignore[arg-type]
     frame = top(values)  # type: ignore[arg-type]
     return PlannerContext(
