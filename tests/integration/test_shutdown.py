@@ -109,3 +109,13 @@ def test_sigterm_answers_a_waiting_request_with_the_run_as_it_is(server: ServerP
     assert answer.json()["state"] in ("pending", "planning", "executing"), answer.json()
     assert server.proc.wait(30) in (0, -15)  # uvicorn re-raises the signal it handled
     assert "Traceback" not in server.log_text()
+
+
+def test_ctrl_c_stops_the_server_cleanly(server: ServerProcess) -> None:
+    server.start()
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGINT)
+    # uvicorn re-raises the SIGINT it handled once it has shut down; serve takes it as
+    # the end it is, not as an error with a traceback.
+    assert server.proc.wait(30) == 0
+    assert "Traceback" not in server.log_text()
