@@ -153,13 +153,17 @@ class RunCommands:
 
     # -- reading --------------------------------------------------------------
 
-    async def checkpoint(self, run: Run) -> dict[str, Any]:
-        """The latest checkpoint of the run's graph, in the chapter's shape (DESIGN §6)."""
-        config = {"configurable": {"thread_id": run.run_id}}
+    def _graph(self, run: Run) -> Any:
+        """The run's compiled graph; a run whose agent is no longer hosted is a 422."""
         graph = self.graphs.get(run.agent_id)
         if graph is None:
             raise RuntimeProblem(Code.AGENT_NOT_FOUND, f"agent {run.agent_id!r} is not hosted here")
-        snapshot = await graph.aget_state(config)
+        return graph
+
+    async def checkpoint(self, run: Run) -> dict[str, Any]:
+        """The latest checkpoint of the run's graph, in the chapter's shape (DESIGN §6)."""
+        config = {"configurable": {"thread_id": run.run_id}}
+        snapshot = await self._graph(run).aget_state(config)
         values = snapshot.values or {}
         step = values.get("step_index", 0)
         memory_version = values.get("memory_version", 0)
@@ -187,9 +191,7 @@ class RunCommands:
         The history is read newest first, a page at a time (SQLite's saver holds its
         connection, which every drive writes checkpoints through, while it reads one),
         and only back to the first checkpoint from before that step."""
-        graph = self.graphs.get(run.agent_id)
-        if graph is None:
-            raise RuntimeProblem(Code.AGENT_NOT_FOUND, f"agent {run.agent_id!r} is not hosted here")
+        graph = self._graph(run)
         config: Any = {"configurable": {"thread_id": run.run_id}}
         before = None
         while True:

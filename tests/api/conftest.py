@@ -20,6 +20,11 @@ from server.app import create_app
 from server.settings import Settings
 from tests.auth import MGR, OPS, TEST_JWT_SECRET
 
+QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
+"""The demo's question: the retail analyst queries, hands off a report, asks to publish."""
+EAST = {"user_id": "u-ops-001", "tenant_id": "demo-retail", "scope": ["sales_region:east"]}
+"""The context of the tests' runs: the OPS caller, with the scope the question needs."""
+
 
 @dataclass
 class Api:
@@ -30,11 +35,8 @@ class Api:
     app: FastAPI | None = None
 
     async def create(self, **body: Any) -> dict[str, Any]:
-        body.setdefault("input", "上周华东区销售下滑的主要 SKU 是什么？")
-        body.setdefault(
-            "context",
-            {"user_id": "u-ops-001", "tenant_id": "demo-retail", "scope": ["sales_region:east"]},
-        )
+        body.setdefault("input", QUESTION)
+        body.setdefault("context", EAST)
         # The client calls as u-ops-001 of demo-retail (OPS): the context names the caller.
         resp = await self.client.post("/runs", json=body)
         assert resp.status_code == 201, resp.text

@@ -6,11 +6,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tests.api.conftest import Api
+from tests.api.conftest import EAST, QUESTION, Api
 from tests.api.helpers import problem
 
-EAST = {"user_id": "u-ops-001", "tenant_id": "demo-retail", "scope": ["sales_region:east"]}
-QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
 WAIT = {"Prefer": "wait=30"}
 
 

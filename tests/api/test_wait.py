@@ -11,11 +11,9 @@ from typing import Any
 import pytest
 
 from server.settings import Settings
-from tests.api.conftest import Api, make_settings, open_api, states
+from tests.api.conftest import EAST, QUESTION, Api, make_settings, open_api, states
 from tests.api.helpers import count_runs, problem
 
-EAST = {"user_id": "u-ops-001", "tenant_id": "demo-retail", "scope": ["sales_region:east"]}
-QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
 SLOW = {"agent_id": "slow_worker", "input": "sleep 30"}
 
 
