@@ -21,15 +21,28 @@ class LeaseQueries(StoreCore):
         """
         if limit <= 0:
             return []
+
+        # Tenants take turns: every tenant's oldest waiting run comes before anyone's
+        # second, so one tenant's burst does not queue another's run behind all of it.
         # One statement: the rows are locked (skipping those another worker is claiming
         # right now) and leased together, one round trip where the dialect autocommits.
         # In a CTE, not an IN (subquery): PostgreSQL may re-run a subquery on the inner
         # side of a join, and with SKIP LOCKED each re-run can lock other rows, so more
-        # than ``limit`` runs would be leased. A locking CTE runs once.
+        # than ``limit`` runs would be leased. A locking CTE runs once. The conditions
+        # are repeated on the locked rows: PostgreSQL rechecks those (not the ranking's
+        # snapshot) on a row another worker has just leased.
+        def ready(runs: str) -> str:
+            return (
+                f"{runs}.needs_drive = 1 AND ({runs}.lease_expires_at IS NULL "
+                f"OR {runs}.lease_expires_at < {self.now_sql})"
+            )
+
         rows = await self.write_once(
-            "WITH picked AS (SELECT run_id FROM runs WHERE needs_drive = 1 AND "
-            f"(lease_expires_at IS NULL OR lease_expires_at < {self.now_sql}) "
-            f"ORDER BY updated_at LIMIT ?{self.skip_locked}) "
+            "WITH ranked AS (SELECT run_id, updated_at, ROW_NUMBER() OVER (PARTITION BY "
+            f"tenant_id ORDER BY updated_at, run_id) AS turn FROM runs AS r WHERE {ready('r')}), "
+            "picked AS (SELECT runs.run_id FROM runs JOIN ranked ON ranked.run_id = runs.run_id "
+            f"WHERE {ready('runs')} "
+            f"ORDER BY ranked.turn, ranked.updated_at, runs.run_id LIMIT ?{self.skip_locked}) "
             "UPDATE runs SET lease_owner = ?, "
             f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
             "WHERE run_id IN (SELECT run_id FROM picked) RETURNING run_id, lease_version",

@@ -104,7 +104,7 @@ class PostgresRunStore(PgSingleStatements):
     dialect = "postgres"
     blob_type = "BYTEA"
     for_update = " FOR UPDATE"
-    skip_locked = " FOR UPDATE SKIP LOCKED"
+    skip_locked = " FOR UPDATE OF runs SKIP LOCKED"  # the claim joins runs to a ranking
     now_sql = "EXTRACT(EPOCH FROM clock_timestamp())"
     notify_sql = "SELECT pg_notify(?, ?)"
 

@@ -305,6 +305,33 @@ async def test_a_sqlite_write_waits_for_a_write_lock_another_connection_holds(
         await store.close()
 
 
+async def test_claims_take_turns_between_tenants(backend: object, make_run: MakeRun) -> None:
+    """One tenant's backlog does not queue another tenant's run behind it: each claim
+    takes every tenant's oldest waiting run before anyone's second."""
+    store = store_of(backend)
+    start = utcnow() - timedelta(minutes=10)
+    burst = [
+        await make_run(store, tenant_id="busy", created_at=start + timedelta(seconds=i))
+        for i in range(6)
+    ]
+    late = await make_run(store, tenant_id="quiet", created_at=start + timedelta(seconds=30))
+    later = await make_run(store, tenant_id="other", created_at=start + timedelta(seconds=40))
+
+    first = {run_id for run_id, _ in await store.claim_runs("w1", 3, 30.0)}
+    assert first == {burst[0].run_id, late.run_id, later.run_id}
+    second = {run_id for run_id, _ in await store.claim_runs("w2", 2, 30.0)}
+    assert second == {burst[1].run_id, burst[2].run_id}  # then oldest first, as before
+
+
+async def test_concurrent_claims_lease_each_run_once(backend: object, make_run: MakeRun) -> None:
+    store = store_of(backend)
+    runs = {(await make_run(store, tenant_id=f"t{i % 3}")).run_id for i in range(24)}
+    claims = await asyncio.gather(*(store.claim_runs(f"w{i}", 3, 30.0) for i in range(10)))
+    leased = [run_id for claim in claims for run_id, _ in claim]
+    assert all(len(claim) <= 3 for claim in claims)
+    assert len(leased) == len(set(leased)) == 24 and set(leased) == runs
+
+
 async def test_a_failed_drive_is_claimable_again_only_after_its_backoff(
     backend: object, make_run: MakeRun
 ) -> None:
