@@ -32,6 +32,7 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.messages import ToolCall as LCToolCall
+from pydantic import ValidationError
 
 from runtime.model import Decision, DecisionUsage, Handoff, ProposedCall
 from runtime.planner import LLM_CALLS, Observation, PlannerView, handoff_tool
@@ -250,6 +251,18 @@ def to_decision(
     agents: Sequence[dict[str, Any]] = (),
 ) -> Decision:
     """The model's reply as a structured decision; its tool calls name the versions it saw."""
+    try:
+        return _decision(message, tools, cost_per_token, agents)
+    except ValidationError as exc:  # e.g. arguments with NaN or a 2**64 no store keeps
+        raise ModelOutputError(f"the model's reply is not a valid decision: {exc}") from None
+
+
+def _decision(
+    message: AIMessage,
+    tools: Sequence[dict[str, Any]],
+    cost_per_token: float,
+    agents: Sequence[dict[str, Any]],
+) -> Decision:
     tokens = _tokens(message)
     usage = DecisionUsage(llm_calls=1, tokens=tokens, cost_usd=tokens * cost_per_token)
     if message.invalid_tool_calls:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from runtime.errors import Code
 from runtime.lifecycle import State
@@ -18,19 +19,43 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def reject_nul(value: Any) -> Any:
-    """PostgreSQL text cannot hold NUL; refuse it up front on every dialect alike."""
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def reject_unstorable(value: Any) -> Any:
+    """Refuse, up front and on every dialect alike, what a request could carry that the
+    stores cannot keep as given: NUL (PostgreSQL text), lone UTF-16 surrogates (not
+    UTF-8), integers beyond 64 bits (the checkpoint's msgpack) and NaN or infinities
+    (not JSON, though Python's parser reads them)."""
     if isinstance(value, str):
         if "\x00" in value:
             raise ValueError("text must not contain NUL characters")
+        if not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ValueError("text must not contain lone UTF-16 surrogates") from None
+    elif isinstance(value, bool):
+        pass
+    elif isinstance(value, int):
+        if not INT64[0] <= value <= INT64[1]:
+            raise ValueError("integers must fit in 64 bits (signed)")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("numbers must be finite: JSON has no NaN or Infinity")
     elif isinstance(value, dict):
         for key, item in value.items():
-            reject_nul(key)
-            reject_nul(item)
+            reject_unstorable(key)
+            reject_unstorable(item)
     elif isinstance(value, list | tuple):
         for item in value:
-            reject_nul(item)
+            reject_unstorable(item)
     return value
+
+
+StorableDict = Annotated[dict[str, Any], AfterValidator(reject_unstorable)]
+"""A JSON object a planner made up (tool arguments, handoff data): checked as a request
+body is, so a model's NaN or 2**64 is a planner error, not a checkpoint that fails."""
 
 
 class Strict(BaseModel):
@@ -38,8 +63,8 @@ class Strict(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_nul(cls, data: Any) -> Any:
-        return reject_nul(data)
+    def _storable(cls, data: Any) -> Any:
+        return reject_unstorable(data)
 
 
 class RunContext(BaseModel):
@@ -134,7 +159,7 @@ class ProposedCall(BaseModel):
 
     tool: str
     version: str | None = None
-    args: dict[str, Any] = Field(default_factory=dict)
+    args: StorableDict = Field(default_factory=dict)
 
 
 class DecisionUsage(BaseModel):
@@ -148,7 +173,7 @@ class Handoff(BaseModel):
 
     agent_id: str = Field(min_length=1, max_length=100)
     task: str = Field(min_length=1, max_length=MAX_INPUT_CHARS)
-    data: dict[str, Any] | None = None
+    data: StorableDict | None = None
     """Structured input for the sub-agent (its planner sees it as ``PlannerView.task_data``)."""
 
 

@@ -70,6 +70,36 @@ async def test_malformed_json_and_bad_encoding_are_4xx(api: Api) -> None:
     assert await run_count(api) == 0
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        rb'{"input": "q", "context": {"note": "\ud800"}}',  # a lone surrogate
+        rb'{"input": "q", "context": {"\udfff": 1}}',
+        rb'{"input": "q", "context": {"scope": ["sales_region:\ud800"]}}',
+        rb'{"input": "\ud83d alone"}',
+        b'{"input": "q", "context": {"n": 9223372036854775808}}',  # 2**63
+        b'{"input": "q", "context": {"n": -9223372036854775809}}',
+        b'{"input": "q", "context": {"n": NaN}}',  # not JSON, but Python's parser reads it
+        b'{"input": "q", "context": {"n": [Infinity]}}',
+        b'{"input": "q", "context": {"n": -1e999}}',
+    ],
+)
+async def test_what_the_stores_cannot_keep_is_422_and_writes_nothing(api: Api, raw: bytes) -> None:
+    """Before, these were a 500 (hashing the request) or a run created and then failed
+    (the checkpoint's msgpack), or NaN stored and shown as null."""
+    resp = await api.client.post("/runs", content=raw, headers={"Content-Type": "application/json"})
+    assert_problem(resp, 422, "VALIDATION_ERROR")
+    assert await run_count(api) == 0
+
+
+async def test_what_the_stores_can_keep_is_kept_as_given(api: Api) -> None:
+    context = {"scope": ["sales_region:east"], "n": [2**63 - 1, -(2**63), 1.5], "emoji": "😀"}
+    run = await api.create(input="东区 😀", context=context)
+    got = await api.settle(run["run_id"])  # the drive checkpoints the context too
+    assert got["state"] == "waiting_human", got
+    assert {k: got["context"][k] for k in context} == context and got["input"] == "东区 😀"
+
+
 async def test_oversized_body_is_413(api: Api) -> None:
     resp = await api.client.post("/runs", json={"input": "q", "pad": "x" * 300_000})
     assert_problem(resp, 413, "PAYLOAD_TOO_LARGE")

@@ -235,3 +235,19 @@ async def test_a_model_error_fails_the_run_as_a_planner_error(settings: Settings
         assert final["usage"]["llm_calls"] == 1 == len(model.calls)
         errors = [e for e in await api.events(run["run_id"]) if e["type"] == "error"]
         assert [e["data"]["code"] for e in errors] == ["PLANNER_ERROR"]
+
+
+@pytest.mark.parametrize("bad", [2**64, float("nan")])
+async def test_arguments_no_store_can_keep_fail_the_run_as_a_planner_error(
+    settings: Settings, bad: float
+) -> None:
+    """Before, a model's 2**64 was recorded as the step and then failed the checkpoint
+    (INTERNAL_ERROR). The step is not recorded: nothing was decided."""
+    model = ScriptedChatModel(messages=iter([reply(tool_call("query_sales", top_n=bad))]))
+    async with serve(settings, model) as api:
+        run = await api.create(input="east sales")
+        final = await api.settle(run["run_id"])
+        assert final["state"] == "failed", final
+        assert final["outcome"]["code"] == "PLANNER_ERROR"
+        assert "not a valid decision" in final["outcome"]["message"]
+        assert (await api.client.get(f"/runs/{run['run_id']}/steps")).json() == []
