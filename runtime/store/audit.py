@@ -17,7 +17,6 @@ from pydantic import BaseModel
 from runtime.model import utcnow
 from runtime.store.core import StoreCore, _dec, _enc, _iso
 
-CURSOR = "audit"
 """The first part of an audit cursor: another list's is refused."""
 
 
@@ -73,7 +72,6 @@ class AuditQueries(StoreCore):
             ("at", "audit_id"),
             limit=limit,
             cursor=cursor,
-            kind=CURSOR,
             runs=False,
         )
         return [AuditEntry.model_validate(_dec(r)) for r in rows], next_cursor

@@ -457,16 +457,20 @@ class StoreCore(ABC):
         limit: int,
         cursor: str | None,
         newest_first: bool = False,
-        kind: str | None = None,
         runs: bool = True,
     ) -> tuple[list[Row], str | None]:
-        """One page of ``table``'s rows matching ``where``, in ``keys`` order, by keyset
-        (a row written meanwhile never shifts a page); the next page's cursor, tagged
-        ``kind`` where given (None: the last page). ``runs``: as for :meth:`read`."""
+        """One page of ``table``'s rows matching ``where``, in ``keys`` order (a time,
+        then a unique key), by keyset (a row written meanwhile never shifts a page); the
+        next page's cursor, tagged with the table (None: the last page). ``runs``: as
+        for :meth:`read`."""
         first, second = keys
         op, order = ("<", "DESC") if newest_first else (">", "ASC")
         if cursor:
-            at, key = decode_cursor(cursor, kind=kind)
+            at, key = decode_cursor(cursor, kind=table)
+            try:
+                datetime.fromisoformat(at)
+            except ValueError:
+                raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid") from None
             where = [*where, f"({first} {op} ? OR ({first} = ? AND {second} {op} ?))"]
             params = [*params, at, at, key]
         async with self.read(runs=runs) as tx:
@@ -478,8 +482,7 @@ class StoreCore(ABC):
         if len(rows) <= limit:
             return rows, None
         last = rows[limit - 1]
-        tag = () if kind is None else (kind,)
-        return rows[:limit], encode_cursor(*tag, str(last[first]), str(last[second]))
+        return rows[:limit], encode_cursor(table, str(last[first]), str(last[second]))
 
     async def _insert_once(
         self, tx: Tx, table: str, key: str, data: dict[str, Any], returning: str | None = None

@@ -139,7 +139,27 @@ async def test_the_audit_trail_pages_oldest_first(api: Api) -> None:
     problem(
         await api.client.get("/audit?action=drop.tables", headers=admin), 422, "VALIDATION_ERROR"
     )
-    inbox_cursor = encode_cursor("2026-01-01T00:00:00Z", "ap-1")
+    inbox_cursor = encode_cursor("approvals", "2026-01-01T00:00:00Z", "ap-1")
     for bad in ["not-a-cursor", inbox_cursor, encode_cursor("memory", "0")]:
         resp = await api.client.get("/audit", params={"cursor": bad}, headers=admin)
         problem(resp, 422, "VALIDATION_ERROR")
+
+
+async def test_a_list_refuses_another_lists_cursor_and_a_made_up_one(api: Api) -> None:
+    """Before, a runs cursor paged the inbox (and the other way round), and a cursor
+    with no time in it read as one."""
+    for _ in range(3):
+        await api.create()
+    resp = await api.client.get("/runs?limit=1")
+    runs_cursor = resp.json()["next_cursor"]
+    assert (await api.client.get("/runs", params={"cursor": runs_cursor})).status_code == 200
+    at = "2026-01-01T00:00:00Z"
+    for path, others in {
+        "/runs": [encode_cursor("approvals", at, "ap-1"), encode_cursor("audit", at, "au-1")],
+        "/approvals": [runs_cursor, encode_cursor("audit", at, "au-1")],
+    }.items():
+        forged = encode_cursor(path.strip("/"), "notadate", "x")
+        untagged = encode_cursor(at, "x")
+        for bad in [*others, forged, untagged]:
+            resp = await api.client.get(path, params={"cursor": bad})
+            problem(resp, 422, "VALIDATION_ERROR")
