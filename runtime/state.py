@@ -54,7 +54,9 @@ class RunState(InputState, total=False):
 def failed(code: str, message: str, *, tool_call_id: str | None = None) -> dict[str, Any]:
     """The ``outcome`` a node returns when the run cannot go on; ``tool_call_id``: the
     call that stopped it. The run's one ``error`` event is written with its end."""
-    outcome = {"status": "failed", "code": code, "message": message}
+    # str(): a Code is a StrEnum, which the checkpoint's msgpack would keep as an enum
+    # that LangGraph reads back only as an unregistered type (refused when strict).
+    outcome = {"status": "failed", "code": str(code), "message": message}
     if tool_call_id is not None:
         outcome["tool_call_id"] = tool_call_id
     return outcome
