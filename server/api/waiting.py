@@ -30,7 +30,7 @@ PREFER_WAIT = (
     " N seconds (at most the server's `max_wait_s`) with the run as it is then;"
     " `Preference-Applied: wait=N` (N as capped) says the wait was applied."
 )
-_WAIT = re.compile(r'\s*wait\s*=\s*"?([0-9]{1,9})"?\s*', re.IGNORECASE)
+_WAIT = re.compile(r'\s*wait\s*=\s*"?([0-9]+)"?\s*', re.IGNORECASE)
 VARY = {"Vary": "Prefer"}
 """On every response of a route that may honour the preference (RFC 7240 §2)."""
 
@@ -40,8 +40,9 @@ def wait_preference(request: Request, most: int) -> int | None:
     for header in request.headers.getlist("prefer"):
         for preference in header.split(","):
             match = _WAIT.fullmatch(preference.split(";", 1)[0])
-            if match:
-                return min(int(match.group(1)), most)
+            if match:  # a longer wait than we allow is capped, however many digits
+                digits = match.group(1).lstrip("0") or "0"
+                return most if len(digits) > len(str(most)) else min(int(digits), most)
     return None
 
 

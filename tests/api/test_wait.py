@@ -80,6 +80,8 @@ async def test_when_the_time_is_up_the_run_comes_as_it_is(api: Api) -> None:
         ("respond-async, wait=5", "wait=5"),
         ('WAIT = "7"; foo=bar', "wait=7"),
         ("wait=999999", "wait=60"),  # the server's max_wait_s
+        ("wait=" + "9" * 40, "wait=60"),  # capped too, however long
+        ("wait=" + "0" * 40 + "7", "wait=7"),
         ("wait=-1", None),  # not a preference we can read: ignored (RFC 7240 §2)
         ("wait=soon", None),
         ("handling=strict", None),
