@@ -22,7 +22,7 @@ from runtime.breaker import BREAKERS, Breaker
 from runtime.errors import Code
 from runtime.events import result_event, summarize
 from runtime.ids import idempotency_key
-from runtime.model import ToolCall, utcnow
+from runtime.model import INT64, ToolCall, utcnow
 from runtime.services import NodeStore
 from runtime.tooling import (
     REDACTED,
@@ -189,6 +189,19 @@ async def _run_handler(
             return "failed", None, {"code": Code.TOOL_FAILED, "message": message}, attempt
 
 
+def _int64_or_text(digits: str) -> int | str:
+    value = int(digits)
+    return value if INT64[0] <= value <= INT64[1] else digits
+
+
+def plain_json(encoded: bytes) -> Any:
+    """A tool's output as the ledger, the graph state and the API all show it: what its
+    JSON (the artifact's bytes) reads back as, datetimes and decimals as text, integers
+    beyond 64 bits as text too (the checkpoint's msgpack cannot hold them: a run failed
+    after its tool had run)."""
+    return json.loads(encoded, parse_int=_int64_or_text)
+
+
 async def _finish(
     store: NodeStore,
     row: ToolCall,
@@ -201,6 +214,7 @@ async def _finish(
     artifact_ref = None
     if output is not None:
         encoded = json.dumps(output, default=str, ensure_ascii=False).encode()
+        output = plain_json(encoded)
         if len(encoded) > INLINE_OUTPUT_BYTES:
             art = await artifacts.put(encoded, "application/json", f"{row.tool}-output.json")
             artifact_ref = art.artifact_id

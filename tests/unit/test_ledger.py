@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -209,6 +211,18 @@ async def test_large_output_becomes_an_artifact(h: Harness) -> None:
 async def test_small_output_stays_inline(h: Harness) -> None:
     row = await h.execute(h.spec({"ok": True}))
     assert row.output == {"ok": True} and row.artifact_id is None
+
+
+async def test_output_is_kept_as_its_json_reads_back(h: Harness) -> None:
+    """Before, 2**70 went into the checkpoint as an int and failed the run after the
+    tool had run; a datetime or a Decimal stayed a Python object in the state."""
+    when = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    output = {"big": 2**70, "low": -(2**63), "when": when, "dec": Decimal("1.5"), "t": (1, 2)}
+    row = await h.execute(h.spec(output))
+    expected = {"big": str(2**70), "low": -(2**63), "when": str(when), "dec": "1.5", "t": [1, 2]}
+    assert row.output == expected
+    stored = await h.store.get_tool_call(row.tool_call_id)
+    assert stored is not None and stored.output == expected
 
 
 # secret args in error text --------------------------------------------------------
