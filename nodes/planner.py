@@ -15,7 +15,7 @@ from langgraph.runtime import Runtime
 from runtime.budget import before_plan, limits_from
 from runtime.context import Context, services
 from runtime.errors import Code
-from runtime.model import Decision, RunContext, Step, Usage, utcnow
+from runtime.model import Decision, RunContext, Step, Usage, reject_unstorable, utcnow
 from runtime.planner import Observation, Planner, PlannerView, llm_calls_of
 from runtime.state import RunState, failed
 from runtime.tooling import ToolResolver
@@ -63,6 +63,9 @@ def make_planner_node(
             started = utcnow()
             try:
                 decision = await planner.next_step(view)
+                # Text no store keeps (a lone surrogate from a model's broken token) is
+                # the planner's error, not a failed write after the decision was made.
+                reject_unstorable(decision.model_dump())
             except Exception as exc:  # a planner bug or a model outage ends the run, visibly
                 # (its error event is written with the run's end, as every failure's is)
                 spent = usage.model_copy(

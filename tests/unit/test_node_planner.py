@@ -132,3 +132,15 @@ async def test_planner_exception_is_a_planner_error(env: NodeEnv) -> None:
     # The run's end writes the one error event (the adapter's fail_run), not the node.
     assert [e for e in await env.store.list_events(env.run_id) if e.type == "error"] == []
     assert await env.store.get_step(env.run_id, 0) is None
+
+
+async def test_a_decision_no_store_can_keep_is_a_planner_error(env: NodeEnv) -> None:
+    """A lone surrogate in a model's answer would fail the step's write (PostgreSQL and
+    SQLite both refuse it as UTF-8) after the planner had been paid for."""
+    planner = CountingPlanner(finish("half an emoji \ud83d"))
+
+    update = await make_planner_node(planner, env.tools)(env.state(), env.runtime)
+
+    assert update["outcome"]["code"] == "PLANNER_ERROR"
+    assert "surrogate" in update["outcome"]["message"]
+    assert await env.store.get_step(env.run_id, 0) is None
