@@ -9,6 +9,10 @@ from runtime.store.core import CANCEL_CHANNEL, EVENTS_CHANNEL, WORK_CHANNEL, Sto
 
 __all__ = ["CANCEL_CHANNEL", "EVENTS_CHANNEL", "WORK_CHANNEL", "LeaseQueries"]
 
+CLAIM_SPARE = 16
+"""Ranked runs a claim considers beyond its ``limit``, for those another worker is
+locking at that moment; a claim left short takes the rest at its next wake or sweep."""
+
 
 class LeaseQueries(StoreCore):
     """Mixed into RunStore; ``now_sql`` is the database's clock in epoch seconds."""
@@ -22,8 +26,11 @@ class LeaseQueries(StoreCore):
         if limit <= 0:
             return []
 
-        # Tenants take turns: every tenant's oldest waiting run comes before anyone's
-        # second, so one tenant's burst does not queue another's run behind all of it.
+        # Tenants take turns: a tenant's waiting runs are ranked after the runs it has
+        # being driven already, so a worker whose slots free one at a time gives the next
+        # one to the tenant with the fewest, not to the oldest run of a tenant's burst.
+        # The ranking reads only waiting and leased runs (partial indexes, migration 8)
+        # and hands the lock a short list in order.
         # One statement: the rows are locked (skipping those another worker is claiming
         # right now) and leased together, one round trip where the dialect autocommits.
         # In a CTE, not an IN (subquery): PostgreSQL may re-run a subquery on the inner
@@ -31,22 +38,30 @@ class LeaseQueries(StoreCore):
         # than ``limit`` runs would be leased. A locking CTE runs once. The conditions
         # are repeated on the locked rows: PostgreSQL rechecks those (not the ranking's
         # snapshot) on a row another worker has just leased.
+        now = self.now_sql
+
         def ready(runs: str) -> str:
             return (
                 f"{runs}.needs_drive = 1 AND ({runs}.lease_expires_at IS NULL "
-                f"OR {runs}.lease_expires_at < {self.now_sql})"
+                f"OR {runs}.lease_expires_at < {now})"
             )
 
         rows = await self.write_once(
-            "WITH ranked AS (SELECT run_id, updated_at, ROW_NUMBER() OVER (PARTITION BY "
-            f"tenant_id ORDER BY updated_at, run_id) AS turn FROM runs AS r WHERE {ready('r')}), "
+            "WITH held AS (SELECT tenant_id, COUNT(*) AS n FROM runs "
+            f"WHERE lease_owner IS NOT NULL AND lease_expires_at >= {now} GROUP BY tenant_id), "
+            "waiting AS (SELECT run_id, tenant_id, updated_at, ROW_NUMBER() OVER "
+            "(PARTITION BY tenant_id ORDER BY updated_at, run_id) AS n "
+            f"FROM runs AS r WHERE {ready('r')}), "
+            "ranked AS (SELECT w.run_id, w.updated_at, w.n + COALESCE(h.n, 0) AS turn "
+            "FROM waiting AS w LEFT JOIN held AS h ON h.tenant_id = w.tenant_id "
+            "ORDER BY turn, w.updated_at, w.run_id LIMIT ?), "
             "picked AS (SELECT runs.run_id FROM runs JOIN ranked ON ranked.run_id = runs.run_id "
             f"WHERE {ready('runs')} "
             f"ORDER BY ranked.turn, ranked.updated_at, runs.run_id LIMIT ?{self.skip_locked}) "
             "UPDATE runs SET lease_owner = ?, "
             f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
             "WHERE run_id IN (SELECT run_id FROM picked) RETURNING run_id, lease_version",
-            (limit, owner, lease_s),
+            (limit + CLAIM_SPARE, limit, owner, lease_s),
         )
         return [(row["run_id"], int(row["lease_version"])) for row in rows]
 

@@ -159,4 +159,12 @@ MIGRATIONS: list[list[str]] = [
         # every ended run.
         "CREATE INDEX IF NOT EXISTS runs_ended ON runs (ended_at, run_id)",
     ],
+    [
+        # Claims take turns between tenants (runtime.store.leases): each tenant's
+        # waiting runs in order (and whether leased: an index-only scan), and how many
+        # runs each has leased, without reading the runs that are parked or ended.
+        "CREATE INDEX IF NOT EXISTS runs_waiting "
+        "ON runs (tenant_id, updated_at, run_id, lease_expires_at) WHERE needs_drive = 1",
+        "CREATE INDEX IF NOT EXISTS runs_leased ON runs (tenant_id) WHERE lease_owner IS NOT NULL",
+    ],
 ]

@@ -322,6 +322,14 @@ async def test_claims_take_turns_between_tenants(backend: object, make_run: Make
     second = {run_id for run_id, _ in await store.claim_runs("w2", 2, 30.0)}
     assert second == {burst[1].run_id, burst[2].run_id}  # then oldest first, as before
 
+    # A worker whose slots free one at a time: the tenant with fewer runs being driven
+    # goes first, however old the busy tenant's next run is.
+    newcomer = await make_run(store, tenant_id="quiet")
+    [(one, _)] = await store.claim_runs("w3", 1, 30.0)
+    assert one == newcomer.run_id
+    [(after, _)] = await store.claim_runs("w3", 1, 30.0)
+    assert after == burst[3].run_id
+
 
 async def test_concurrent_claims_lease_each_run_once(backend: object, make_run: MakeRun) -> None:
     store = store_of(backend)
