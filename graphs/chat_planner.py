@@ -253,7 +253,7 @@ def to_decision(
     """The model's reply as a structured decision; its tool calls name the versions it saw."""
     try:
         return _decision(message, tools, cost_per_token, agents)
-    except ValidationError as exc:  # e.g. arguments with NaN or a 2**64 no store keeps
+    except ValidationError as exc:  # e.g. a handoff task longer than an input may be
         raise ModelOutputError(f"the model's reply is not a valid decision: {exc}") from None
 
 
@@ -361,7 +361,11 @@ class ChatModelPlanner:
                 )  # fmt: skip
                 await asyncio.sleep(delay)
                 attempt += 1
-        decision = to_decision(reply, view.tools, self.cost_per_token, view.agents)
+        try:
+            decision = to_decision(reply, view.tools, self.cost_per_token, view.agents)
+        except ModelOutputError as exc:
+            setattr(exc, LLM_CALLS, attempt)  # the reply was paid for all the same
+            raise
         # Every attempt is a model call the LLM-call budget counts (a timed-out one may
         # even have been billed); their tokens are unknown.
         usage = decision.usage.model_copy(update={"llm_calls": attempt})

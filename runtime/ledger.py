@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import random
+import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -127,10 +128,20 @@ def _spellings(text: str) -> list[str]:
     ]
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8(text: str) -> str:
+    """``text`` with lone UTF-16 surrogates (half of a broken emoji, not UTF-8, which
+    neither store will write) as U+FFFD."""
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
+
+
 def scrub(text: str, secrets: list[str]) -> str:
+    """An error's text as the ledger keeps it: secret values replaced, storable."""
     for secret in secrets:
         text = text.replace(secret, REDACTED)
-    return text
+    return utf8(text)
 
 
 class ReconcileFailed(Exception):
@@ -194,12 +205,18 @@ def _int64_or_text(digits: str) -> int | str:
     return value if INT64[0] <= value <= INT64[1] else digits
 
 
-def plain_json(encoded: bytes) -> Any:
-    """A tool's output as the ledger, the graph state and the API all show it: what its
-    JSON (the artifact's bytes) reads back as, datetimes and decimals as text, integers
-    beyond 64 bits as text too (the checkpoint's msgpack cannot hold them: a run failed
-    after its tool had run)."""
-    return json.loads(encoded, parse_int=_int64_or_text)
+def plain_json(output: Any) -> tuple[Any, bytes]:
+    """A tool's output as the ledger, the graph state and the API all show it, and its
+    JSON (an artifact's bytes): datetimes and decimals as text, and what no store or
+    checkpoint keeps made keepable rather than failing the run after its tool had run:
+    integers beyond 64 bits as text (msgpack), NaN and infinities as null (not JSON;
+    pydantic writes them so), lone surrogates as U+FFFD (not UTF-8)."""
+    text = utf8(json.dumps(output, default=str, ensure_ascii=False))
+    constants: list[str] = []
+    value = json.loads(text, parse_int=_int64_or_text, parse_constant=constants.append)
+    if constants:  # read back as None: write the null
+        text = json.dumps(value, ensure_ascii=False)
+    return value, text.encode()
 
 
 async def _finish(
@@ -213,8 +230,7 @@ async def _finish(
 ) -> ToolCall:
     artifact_ref = None
     if output is not None:
-        encoded = json.dumps(output, default=str, ensure_ascii=False).encode()
-        output = plain_json(encoded)
+        output, encoded = plain_json(output)
         if len(encoded) > INLINE_OUTPUT_BYTES:
             art = await artifacts.put(encoded, "application/json", f"{row.tool}-output.json")
             artifact_ref = art.artifact_id

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime.errors import Code
 from runtime.lifecycle import State
@@ -51,11 +51,6 @@ def reject_unstorable(value: Any) -> Any:
         for item in value:
             reject_unstorable(item)
     return value
-
-
-StorableDict = Annotated[dict[str, Any], AfterValidator(reject_unstorable)]
-"""A JSON object a planner made up (tool arguments, handoff data): checked as a request
-body is, so a model's NaN or 2**64 is a planner error, not a checkpoint that fails."""
 
 
 class Strict(BaseModel):
@@ -159,7 +154,7 @@ class ProposedCall(BaseModel):
 
     tool: str
     version: str | None = None
-    args: StorableDict = Field(default_factory=dict)
+    args: dict[str, Any] = Field(default_factory=dict)
 
 
 class DecisionUsage(BaseModel):
@@ -173,7 +168,7 @@ class Handoff(BaseModel):
 
     agent_id: str = Field(min_length=1, max_length=100)
     task: str = Field(min_length=1, max_length=MAX_INPUT_CHARS)
-    data: StorableDict | None = None
+    data: dict[str, Any] | None = None
     """Structured input for the sub-agent (its planner sees it as ``PlannerView.task_data``)."""
 
 

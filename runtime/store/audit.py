@@ -17,9 +17,6 @@ from pydantic import BaseModel
 from runtime.model import utcnow
 from runtime.store.core import StoreCore, _dec, _enc, _iso
 
-"""The first part of an audit cursor: another list's is refused."""
-
-
 AuditAction = Literal["memory.forget", "memory.delete", "key.create", "key.revoke"]
 """Every action the trail records (and GET /audit filters on)."""
 

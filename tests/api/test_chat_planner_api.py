@@ -249,5 +249,6 @@ async def test_arguments_no_store_can_keep_fail_the_run_as_a_planner_error(
         final = await api.settle(run["run_id"])
         assert final["state"] == "failed", final
         assert final["outcome"]["code"] == "PLANNER_ERROR"
-        assert "not a valid decision" in final["outcome"]["message"]
+        assert "cannot be stored" in final["outcome"]["message"]
         assert (await api.client.get(f"/runs/{run['run_id']}/steps")).json() == []
+        assert final["usage"]["llm_calls"] == 1  # the model was asked all the same

@@ -214,15 +214,45 @@ async def test_small_output_stays_inline(h: Harness) -> None:
 
 
 async def test_output_is_kept_as_its_json_reads_back(h: Harness) -> None:
-    """Before, 2**70 went into the checkpoint as an int and failed the run after the
-    tool had run; a datetime or a Decimal stayed a Python object in the state."""
+    """Before, 2**70 was written to the ledger and then failed the run at its checkpoint
+    (msgpack holds 64 bits), NaN went into the ledger and artifacts as non-JSON, and a
+    lone surrogate failed the ledger write with the call left running: each after the
+    tool had run."""
     when = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-    output = {"big": 2**70, "low": -(2**63), "when": when, "dec": Decimal("1.5"), "t": (1, 2)}
+    output = {
+        "big": 2**70,
+        "low": -(2**63),
+        "when": when,
+        "dec": Decimal("1.5"),
+        "nan": [float("nan"), float("inf")],
+        "text": "half an emoji \ud83d",
+    }
     row = await h.execute(h.spec(output))
-    expected = {"big": str(2**70), "low": -(2**63), "when": str(when), "dec": "1.5", "t": [1, 2]}
-    assert row.output == expected
+    expected = {
+        "big": str(2**70),
+        "low": -(2**63),
+        "when": str(when),
+        "dec": "1.5",
+        "nan": [None, None],
+        "text": "half an emoji \ufffd",
+    }
+    assert row.status == "succeeded" and row.output == expected
     stored = await h.store.get_tool_call(row.tool_call_id)
     assert stored is not None and stored.output == expected
+
+
+async def test_large_output_with_nan_is_a_json_artifact(h: Harness) -> None:
+    row = await h.execute(h.spec({"rows": [float("nan")] * INLINE_OUTPUT_BYTES}))
+    assert row.artifact_id is not None
+    stored = await h.store.get_artifact(row.artifact_id)
+    assert stored is not None
+    assert json.loads(stored[1], parse_constant=pytest.fail)["rows"][0] is None
+
+
+async def test_an_error_text_no_store_keeps_is_kept_readable(h: Harness) -> None:
+    row = await h.execute(h.spec(ToolBusinessError("refused \ud83d by the shop")))
+    assert row.status == "failed"
+    assert row.error == {"code": "TOOL_BUSINESS_ERROR", "message": "refused \ufffd by the shop"}
 
 
 # secret args in error text --------------------------------------------------------
