@@ -27,7 +27,7 @@ class LeaseQueries(StoreCore):
             return []
 
         # Tenants take turns: a tenant's waiting runs are ranked after the runs it has
-        # being driven already, so a worker whose slots free one at a time gives the next
+        # under a live lease, so a worker whose slots free one at a time gives the next
         # one to the tenant with the fewest, not to the oldest run of a tenant's burst.
         # The ranking reads only waiting and leased runs (partial indexes, migration 8)
         # and hands the lock a short list in order.
