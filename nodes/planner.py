@@ -15,21 +15,13 @@ from langgraph.runtime import Runtime
 from runtime.budget import before_plan, limits_from
 from runtime.context import Context, services
 from runtime.errors import Code
-from runtime.model import Decision, RunContext, Step, Usage, reject_unstorable, utcnow
+from runtime.model import Decision, RunContext, Step, Usage, utcnow
 from runtime.planner import Observation, Planner, PlannerView, llm_calls_of
 from runtime.state import RunState, failed
+from runtime.storable import plain_json
 from runtime.tooling import ToolResolver
 
 NodeFn = Any
-
-
-def _planner_error(usage: Usage, llm_calls: int, active_s: float, message: str) -> dict[str, Any]:
-    """The update of a planning step that failed: the run ends with PLANNER_ERROR, and
-    the model calls it made still count against the budget."""
-    spent = usage.model_copy(
-        update={"llm_calls": usage.llm_calls + llm_calls, "active_s": active_s}
-    )
-    return {"outcome": failed(Code.PLANNER_ERROR, message), "usage": spent.model_dump()}
 
 
 def make_planner_node(
@@ -72,26 +64,23 @@ def make_planner_node(
             started = utcnow()
             try:
                 decision = await planner.next_step(view)
+                # What no store keeps (a model's broken token, NaN, 2**64) is made
+                # keepable before the step is recorded, rather than failing the run once
+                # it is: the guard checks the arguments as they were recorded, and one
+                # that no longer fits its schema goes back to the planner.
+                decision = Decision.model_validate(plain_json(decision.model_dump())[0])
             except Exception as exc:  # a planner bug or a model outage ends the run, visibly
                 # (its error event is written with the run's end, as every failure's is)
-                return _planner_error(usage, llm_calls_of(exc), ctx.active_s(), repr(exc))
-            try:
-                # What no store keeps (a model's NaN, 2**64 or broken token) is the
-                # planner's error, not a write that fails once the decision is recorded.
-                reject_unstorable(decision.model_dump())
-            except ValueError as exc:
-                spent = decision.usage  # the model was asked, and paid for
-                return _planner_error(
-                    usage.model_copy(
-                        update={
-                            "tokens": usage.tokens + spent.tokens,
-                            "cost_usd": usage.cost_usd + spent.cost_usd,
-                        }
-                    ),
-                    spent.llm_calls,
-                    ctx.active_s(),
-                    f"the planner's decision cannot be stored: {exc}",
+                spent = usage.model_copy(
+                    update={
+                        "llm_calls": usage.llm_calls + llm_calls_of(exc),
+                        "active_s": ctx.active_s(),
+                    }
                 )
+                return {
+                    "outcome": failed(Code.PLANNER_ERROR, repr(exc)),
+                    "usage": spent.model_dump(),
+                }
             if decision.kind == "tool_calls" and not decision.tool_calls:
                 decision = Decision(kind="finish", summary="no tool calls proposed")
             # Whose decision it is is the runtime's to say, not the planner's.

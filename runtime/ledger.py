@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 import random
-import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -23,8 +22,9 @@ from runtime.breaker import BREAKERS, Breaker
 from runtime.errors import Code
 from runtime.events import result_event, summarize
 from runtime.ids import idempotency_key
-from runtime.model import INT64, ToolCall, utcnow
+from runtime.model import ToolCall, utcnow
 from runtime.services import NodeStore
+from runtime.storable import plain_json, utf8
 from runtime.tooling import (
     REDACTED,
     ArtifactSink,
@@ -128,15 +128,6 @@ def _spellings(text: str) -> list[str]:
     ]
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def utf8(text: str) -> str:
-    """``text`` with lone UTF-16 surrogates (half of a broken emoji, not UTF-8, which
-    neither store will write) as U+FFFD."""
-    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
-
-
 def scrub(text: str, secrets: list[str]) -> str:
     """An error's text as the ledger keeps it: secret values replaced, storable."""
     for secret in secrets:
@@ -198,25 +189,6 @@ async def _run_handler(
             else:
                 log.exception("tool %s failed", spec.ref)
             return "failed", None, {"code": Code.TOOL_FAILED, "message": message}, attempt
-
-
-def _int64_or_text(digits: str) -> int | str:
-    value = int(digits)
-    return value if INT64[0] <= value <= INT64[1] else digits
-
-
-def plain_json(output: Any) -> tuple[Any, bytes]:
-    """A tool's output as the ledger, the graph state and the API all show it, and its
-    JSON (an artifact's bytes): datetimes and decimals as text, and what no store or
-    checkpoint keeps made keepable rather than failing the run after its tool had run:
-    integers beyond 64 bits as text (msgpack), NaN and infinities as null (not JSON;
-    pydantic writes them so), lone surrogates as U+FFFD (not UTF-8)."""
-    text = utf8(json.dumps(output, default=str, ensure_ascii=False))
-    constants: list[str] = []
-    value = json.loads(text, parse_int=_int64_or_text, parse_constant=constants.append)
-    if constants:  # read back as None: write the null
-        text = json.dumps(value, ensure_ascii=False)
-    return value, text.encode()
 
 
 async def _finish(

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime.errors import Code
 from runtime.lifecycle import State
+from runtime.storable import INT64
 
 MAX_INPUT_CHARS = 20_000
 T = TypeVar("T")
@@ -17,9 +18,6 @@ T = TypeVar("T")
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-INT64 = (-(2**63), 2**63 - 1)
 
 
 def reject_unstorable(value: Any) -> Any:

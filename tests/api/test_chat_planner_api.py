@@ -238,17 +238,22 @@ async def test_a_model_error_fails_the_run_as_a_planner_error(settings: Settings
 
 
 @pytest.mark.parametrize("bad", [2**64, float("nan")])
-async def test_arguments_no_store_can_keep_fail_the_run_as_a_planner_error(
+async def test_an_argument_no_store_keeps_goes_back_to_the_model(
     settings: Settings, bad: float
 ) -> None:
     """Before, a model's 2**64 was recorded as the step and then failed the checkpoint
-    (INTERNAL_ERROR). The step is not recorded: nothing was decided."""
-    model = ScriptedChatModel(messages=iter([reply(tool_call("query_sales", top_n=bad))]))
+    (INTERNAL_ERROR). It is recorded as text (NaN as null), which the tool's schema
+    refuses, and the model is told, as for any argument error (DESIGN §8)."""
+    model = ScriptedChatModel(
+        messages=iter([reply(tool_call("query_sales", top_n=bad)), reply(content="done")])
+    )
     async with serve(settings, model) as api:
         run = await api.create(input="east sales")
         final = await api.settle(run["run_id"])
-        assert final["state"] == "failed", final
-        assert final["outcome"]["code"] == "PLANNER_ERROR"
-        assert "cannot be stored" in final["outcome"]["message"]
-        assert (await api.client.get(f"/runs/{run['run_id']}/steps")).json() == []
-        assert final["usage"]["llm_calls"] == 1  # the model was asked all the same
+        assert final["state"] == "succeeded", final
+        steps = (await api.client.get(f"/runs/{run['run_id']}/steps")).json()
+        recorded = steps[0]["decision"]["tool_calls"][0]["args"]["top_n"]
+        assert recorded == (None if bad != bad else str(bad))
+        told = last_tool_message(model.calls[-1])
+        assert "TOOL_ARGUMENT_INVALID" in str(told.content) and "top_n" in str(told.content)
+        assert final["usage"]["llm_calls"] == 2

@@ -134,13 +134,21 @@ async def test_planner_exception_is_a_planner_error(env: NodeEnv) -> None:
     assert await env.store.get_step(env.run_id, 0) is None
 
 
-async def test_a_decision_no_store_can_keep_is_a_planner_error(env: NodeEnv) -> None:
-    """A lone surrogate in a model's answer would fail the step's write (PostgreSQL and
-    SQLite both refuse it as UTF-8) after the planner had been paid for."""
-    planner = CountingPlanner(finish("half an emoji \ud83d"))
+async def test_a_decision_is_recorded_as_the_stores_can_keep_it(env: NodeEnv) -> None:
+    """A lone surrogate (a model's broken token) would fail the step's write in either
+    store, 2**64 the checkpoint, after the model had been paid for; a run of hours
+    should not end on half an emoji."""
+    planner = CountingPlanner(
+        call("echo", text="hi \ud83d", n=2**64), finish("half an emoji \ud83d")
+    )
+    node = make_planner_node(planner, env.tools)
 
-    update = await make_planner_node(planner, env.tools)(env.state(), env.runtime)
+    update = await node(env.state(), env.runtime)
+    [proposed] = Decision.model_validate(update["decision"]).tool_calls
+    assert proposed.args == {"text": "hi \ufffd", "n": str(2**64)}  # the guard judges these
+    step = await env.store.get_step(env.run_id, 0)
+    assert step is not None and step.decision.tool_calls[0].args == proposed.args
 
-    assert update["outcome"]["code"] == "PLANNER_ERROR"
-    assert "surrogate" in update["outcome"]["message"]
-    assert await env.store.get_step(env.run_id, 0) is None
+    update = await node(env.state(usage=Usage(steps=1).model_dump()), env.runtime)
+    assert "outcome" not in update
+    assert Decision.model_validate(update["decision"]).answer == "half an emoji \ufffd"
