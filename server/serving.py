@@ -13,8 +13,9 @@ from server.settings import Settings
 
 class Server(uvicorn.Server):
     """uvicorn's server, telling the app when shutdown begins: requests waiting on a
-    run (``Prefer: wait``) answer then with the run as it is, instead of a 500 when the
-    grace period ends. (SSE clients reconnect with Last-Event-ID anyway.)"""
+    run (``Prefer: wait``) answer then with the run as it is, and event streams end
+    (their clients reconnect with Last-Event-ID), instead of holding the process for
+    the grace period and ending in a 500 and a traceback."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
@@ -26,6 +27,7 @@ class Server(uvicorn.Server):
             # The waits wake once uvicorn has closed the listeners and marked every
             # connection to close: their answers say Connection: close.
             services.stopping.set()
+            services.bus.publish_all()  # every event stream looks at it
         await super().shutdown(sockets)
 
 

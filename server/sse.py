@@ -26,13 +26,22 @@ def format_event(event: Event) -> bytes:
 
 
 async def event_stream(
-    store: RunStore, bus: EventBus, run_id: str, after: int, keepalive_s: float
+    store: RunStore,
+    bus: EventBus,
+    run_id: str,
+    after: int,
+    keepalive_s: float,
+    stopping: asyncio.Event | None = None,
 ) -> AsyncIterator[bytes]:
-    """Everything after ``after``, then live events; ends after the terminal state event."""
+    """Everything after ``after``, then live events; ends after the terminal state event,
+    or once ``stopping`` is set (the server shutting down: it wakes every stream, and the
+    client reconnects with Last-Event-ID, as the ``retry`` line tells it to)."""
     yield b"retry: 1000\n\n"
     with bus.subscribe(run_id) as waiter:
         woken = False
         while True:
+            if stopping is not None and stopping.is_set():
+                return
             # Events this process committed came with their wake-up: no read of the log.
             committed_here = waiter.rows_after(after) if woken else None
             waiter.clear()
@@ -65,6 +74,8 @@ async def event_stream(
                 except TimeoutError:
                     yield b": keepalive\n\n"
                     break
+                if stopping is not None and stopping.is_set():
+                    return
                 if waiter.news_after(after):
                     woken = True
                     break

@@ -111,6 +111,38 @@ def test_sigterm_answers_a_waiting_request_with_the_run_as_it_is(server: ServerP
     assert "Traceback" not in server.log_text()
 
 
+def test_sigterm_ends_event_streams_at_once(server: ServerProcess) -> None:
+    """Before, an open stream held the process for the whole grace period, which then
+    cut it off with a traceback; the client reconnects with Last-Event-ID either way."""
+    server.env["AGENT_RUNTIME_SHUTDOWN_GRACE_S"] = "20"
+    server.start()
+    with server.client() as http:
+        run_id = create_run(http, agent_id="slow_worker", input="sleep 60")
+    ended: list[float | BaseException] = []
+
+    def follow() -> None:
+        try:
+            with server.client() as http, http.stream("GET", f"/runs/{run_id}/events") as resp:
+                for _ in resp.iter_lines():
+                    pass
+            ended.append(time.monotonic())
+        except BaseException as exc:  # shown by the assertion below, not lost in the thread
+            ended.append(exc)
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    time.sleep(3.0)  # ample for the stream to be open, under a loaded CI
+    assert server.proc is not None and not ended, ended
+    sent = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    follower.join(30)
+    (end,) = ended
+    assert isinstance(end, float), end  # ended as a stream ends, not cut off
+    assert end - sent < 10, "the stream was held for the grace period (20 s)"
+    assert server.proc.wait(30) in (0, -15)
+    assert "Traceback" not in server.log_text()
+
+
 def test_ctrl_c_stops_the_server_cleanly(server: ServerProcess) -> None:
     server.start()
     assert server.proc is not None

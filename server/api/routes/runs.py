@@ -210,7 +210,12 @@ async def run_events(
         (principal.tenant_id, principal.user_id), services.settings.max_streams_per_principal
     )
     stream = event_stream(
-        services.store, services.bus, run.run_id, start, services.settings.sse_keepalive_s
+        services.store,
+        services.bus,
+        run.run_id,
+        start,
+        services.settings.sse_keepalive_s,
+        services.stopping,
     )
     return StreamingResponse(
         services.streams.hold(stream, release),
