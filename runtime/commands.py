@@ -35,11 +35,18 @@ class RunCommands:
     graphs: Mapping[str, Any]
     """The compiled graph of each agent (compiled by the engine, with its checkpointer)."""
     lease_s: float
+    owner: str
+    renews_leases: bool
+    """Whether a worker of this process keeps the leases of its drives alive."""
     _cancelling: set[str]
     """Runs whose drive is being stopped by a cancel."""
 
     def wake(self) -> None:
         """Tell the worker there may be a run to claim (the engine's)."""
+        raise NotImplementedError
+
+    def start_drive(self, run_id: str, version: int) -> None:
+        """Drive a run this process has just leased (the engine's)."""
         raise NotImplementedError
 
     async def wait_settled(self, run_id: str, within_s: float = 60.0) -> Run:
@@ -126,6 +133,13 @@ class RunCommands:
             raise RuntimeProblem(Code.RUN_STATE_CONFLICT, f"run is already {run.state.value}")
         await self.store.request_cancel(run_id, reason, compensate, requested_by)
         self.on_cancel_notice(run_id)
+        if run_id not in self.drives and self.renews_leases:
+            # Nobody drives it (queued behind full workers, parked, or its worker died):
+            # stop it here and now rather than wait for a free slot somewhere. The
+            # lease keeps any worker's claim off it; the drive only finishes the cancel.
+            version = await self.store.take_lease(run_id, self.owner, self.lease_s)
+            if version is not None:
+                self.start_drive(run_id, version)
         self.wake()
         with contextlib.suppress(TimeoutError):
             return await self._wait_terminal(run_id, wait_s if wait_s is not None else self.lease_s)

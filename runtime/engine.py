@@ -108,6 +108,8 @@ class Engine(RunCommands):
             for agent_id, spec in self.agents.items()
         }
         self.drives: dict[str, Drive] = {}
+        self.renews_leases = False
+        """Set by the worker: without one, a lease this process takes is never renewed."""
         self._cancelling: set[str] = set()
         self.work = asyncio.Event()
         """Set when there may be a run to claim; the worker waits on it."""

@@ -27,6 +27,7 @@ class Worker:
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
+        self.engine.renews_leases = True
         self._tasks = [
             asyncio.create_task(self._claim_loop(), name="worker:claim"),
             asyncio.create_task(self._heartbeat_loop(), name="worker:heartbeat"),

@@ -1,0 +1,59 @@
+"""A cancel of a run nobody drives stops it at once (DESIGN §7): a run queued behind
+busy workers, or parked for a human, does not wait for a free slot or a lease time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.api.conftest import Api, make_settings, open_api, states
+from tests.api.test_cancel_in_flight import transfer_started
+
+
+async def occupy_the_only_slot(api: Api) -> str:
+    busy = await api.create(agent_id="transferrer", input="last 30")
+    await api.wait_event(busy["run_id"], transfer_started)
+    return str(busy["run_id"])
+
+
+async def test_a_queued_run_is_cancelled_without_waiting_for_a_slot(
+    database_url: str, data_dir: Path
+) -> None:
+    settings = make_settings(database_url, data_dir, worker_concurrency=1)
+    async with open_api(settings) as api:
+        busy = await occupy_the_only_slot(api)
+        queued = (await api.create(agent_id="transferrer", input="last 1"))["run_id"]
+
+        resp = await api.client.post(f"/runs/{queued}/cancel", json={"reason": "not needed"})
+
+        assert resp.status_code == 200, resp.text
+        final = resp.json()
+        assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
+        assert final["outcome"]["message"].startswith("not needed")
+        # It never started: nothing planned, nothing in the ledger.
+        assert states(await api.events(queued)) == ["pending", "failed"]
+        assert (await api.client.get(f"/runs/{queued}/tool-calls")).json() == []
+        # The slot's own run went on meanwhile; the worker takes nothing more of it.
+        assert (await api.client.get(f"/runs/{busy}")).json()["state"] == "executing"
+        lease = await api.engine.store.lease_of(queued)
+        assert lease is not None and lease["lease_owner"] is None and not lease["needs_drive"]
+        resp = await api.client.post(f"/runs/{busy}/cancel", json={"reason": "done"})
+        assert resp.status_code == 200, resp.text
+
+
+async def test_a_parked_run_is_cancelled_while_the_workers_are_busy(
+    database_url: str, data_dir: Path
+) -> None:
+    settings = make_settings(database_url, data_dir, worker_concurrency=1)
+    async with open_api(settings) as api:
+        parked = (await api.create())["run_id"]
+        assert (await api.settle(parked))["state"] == "waiting_human"
+        busy = await occupy_the_only_slot(api)
+
+        resp = await api.client.post(f"/runs/{parked}/cancel", json={"reason": "too late"})
+
+        assert resp.status_code == 200, resp.text
+        final = resp.json()
+        assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
+        assert final["pending_approval"] is None
+        resp = await api.client.post(f"/runs/{busy}/cancel", json={"reason": "done"})
+        assert resp.status_code == 200, resp.text
