@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar
 
@@ -10,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime.errors import Code
 from runtime.lifecycle import State
-from runtime.storable import INT64
+from runtime.storable import reject_unstorable
 
 MAX_INPUT_CHARS = 20_000
 T = TypeVar("T")
@@ -18,37 +17,6 @@ T = TypeVar("T")
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def reject_unstorable(value: Any) -> Any:
-    """Refuse, up front and on every dialect alike, what a request could carry that the
-    stores cannot keep as given: NUL (PostgreSQL text), lone UTF-16 surrogates (not
-    UTF-8), integers beyond 64 bits (the checkpoint's msgpack) and NaN or infinities
-    (not JSON, though Python's parser reads them)."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError("text must not contain NUL characters")
-        if not value.isascii():
-            try:
-                value.encode()
-            except UnicodeEncodeError:
-                raise ValueError("text must not contain lone UTF-16 surrogates") from None
-    elif isinstance(value, bool):
-        pass
-    elif isinstance(value, int):
-        if not INT64[0] <= value <= INT64[1]:
-            raise ValueError("integers must fit in 64 bits (signed)")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("numbers must be finite: JSON has no NaN or Infinity")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            reject_unstorable(key)
-            reject_unstorable(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            reject_unstorable(item)
-    return value
 
 
 class Strict(BaseModel):

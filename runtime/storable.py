@@ -1,15 +1,19 @@
-"""What model and tool output becomes before the stores and the checkpoint keep it.
+"""What the stores and the checkpoint cannot keep, and what becomes of it.
 
-A request that carries a value no store keeps is refused (``runtime.model``); output a
-planner or a tool has already produced cannot be refused without losing the work, so it
-is made keepable instead: integers beyond 64 bits as text (the checkpoint's msgpack),
-NaN and infinities as null (not JSON; pydantic writes them so), lone UTF-16 surrogates
-(half of a broken emoji: not UTF-8, which neither store writes) as U+FFFD.
+Neither store keeps lone UTF-16 surrogates (half of a broken emoji: not UTF-8), integers
+beyond 64 bits (the checkpoint's msgpack) or NaN and infinities (not JSON, though
+Python's parser reads them and pydantic writes them); PostgreSQL's text keeps no NUL.
+A request that carries one is refused (:func:`reject_unstorable`, on every request
+model). Output a planner or a tool has already produced cannot be refused without
+losing the work, so it is made keepable instead (:func:`plain_json`, :func:`utf8`): big
+integers as text, NaN and infinities as null, surrogates as U+FFFD; a NUL is escaped
+in the JSON text both stores keep.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -37,3 +41,32 @@ def plain_json(value: Any) -> tuple[Any, bytes]:
     if constants:  # read back as None: write the null
         text = json.dumps(plain, ensure_ascii=False)
     return plain, text.encode()
+
+
+def reject_unstorable(value: Any) -> Any:
+    """Refuse, up front and on every dialect alike, what a request could carry that the
+    stores cannot keep as given (the module's list)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("text must not contain NUL characters")
+        if not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ValueError("text must not contain lone UTF-16 surrogates") from None
+    elif isinstance(value, bool):
+        pass
+    elif isinstance(value, int):
+        if not INT64[0] <= value <= INT64[1]:
+            raise ValueError("integers must fit in 64 bits (signed)")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("numbers must be finite: JSON has no NaN or Infinity")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            reject_unstorable(key)
+            reject_unstorable(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            reject_unstorable(item)
+    return value

@@ -226,6 +226,7 @@ async def test_output_is_kept_as_its_json_reads_back(h: Harness) -> None:
         "dec": Decimal("1.5"),
         "nan": [float("nan"), float("inf")],
         "text": "half an emoji \ud83d",
+        "nul": "a\x00b",  # PostgreSQL's text keeps no NUL: the JSON escapes it
     }
     row = await h.execute(h.spec(output))
     expected = {
@@ -235,6 +236,7 @@ async def test_output_is_kept_as_its_json_reads_back(h: Harness) -> None:
         "dec": "1.5",
         "nan": [None, None],
         "text": "half an emoji \ufffd",
+        "nul": "a\x00b",
     }
     assert row.status == "succeeded" and row.output == expected
     stored = await h.store.get_tool_call(row.tool_call_id)

@@ -139,13 +139,13 @@ async def test_a_decision_is_recorded_as_the_stores_can_keep_it(env: NodeEnv) ->
     store, 2**64 the checkpoint, after the model had been paid for; a run of hours
     should not end on half an emoji."""
     planner = CountingPlanner(
-        call("echo", text="hi \ud83d", n=2**64), finish("half an emoji \ud83d")
+        call("echo", text="hi \ud83d\x00", n=2**64), finish("half an emoji \ud83d")
     )
     node = make_planner_node(planner, env.tools)
 
     update = await node(env.state(), env.runtime)
     [proposed] = Decision.model_validate(update["decision"]).tool_calls
-    assert proposed.args == {"text": "hi \ufffd", "n": str(2**64)}  # the guard judges these
+    assert proposed.args == {"text": "hi \ufffd\x00", "n": str(2**64)}  # the guard judges these
     step = await env.store.get_step(env.run_id, 0)
     assert step is not None and step.decision.tool_calls[0].args == proposed.args
 
