@@ -108,10 +108,12 @@ async def fail_run(
     *,
     compensations: list[str] | None = None,
     tool_call_id: str | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> Run | None:
     """End a run as failed with ``code``: error event, outcome with side effects, state event.
 
-    ``tool_call_id``: the call that stopped the run, named in its error event."""
+    ``tool_call_id``: the call that stopped the run, named in its error event; ``usage``:
+    the run's final usage, where the stored one is behind (a cut-off drive's)."""
     run = await store.get_run(run_id)
     if run is None or run.state in TERMINAL:
         return run
@@ -145,6 +147,7 @@ async def fail_run(
         events=[*unanswered, (EventType.ERROR, error)],
         outcome=outcome,
         pending_approval=None,
+        **({} if usage is None else {"usage": usage}),
     )
 
 

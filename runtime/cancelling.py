@@ -9,6 +9,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from langgraph.store.base import BaseStore
 
@@ -18,7 +19,7 @@ from runtime.events import EventType
 from runtime.ledger import StoreArtifacts, scrub, secret_values, settle_cut_off
 from runtime.lifecycle import TERMINAL
 from runtime.memory import Memory
-from runtime.model import Run, ToolCall
+from runtime.model import Run, ToolCall, Usage
 from runtime.store.base import RunStore
 from runtime.tooling import ToolContext, ToolResolver
 
@@ -55,18 +56,38 @@ async def finish_cancel(
     run_id: str,
     reason: str,
     compensate: bool,
+    usage: Usage | None = None,
 ) -> None:
-    """``setting_of``: agent_id → the tools and memory store its calls had."""
+    """``setting_of``: agent_id → the tools and memory store its calls had; ``usage``:
+    the run's as its drive knew it when the cancel cut it off (None: as stored)."""
     run = await store.get_run(run_id)
     if run is None or run.state in TERMINAL:
         return
     setting = setting_of(run.agent_id)
+    charged = await cut_off_usage(store, run_id, usage or run.usage)
     await settle_running_calls(store, setting, run, Code.RUN_CANCELLED, CUT_OFF)
     await store.interrupt_running_calls(run_id, Code.RUN_CANCELLED, CUT_OFF)
     compensated = await compensate_effects(store, setting, run) if compensate else None
     await fail_run(
-        store, run_id, Code.RUN_CANCELLED, reason or "cancelled", compensations=compensated
+        store,
+        run_id,
+        Code.RUN_CANCELLED,
+        reason or "cancelled",
+        compensations=compensated,
+        usage=charged,
     )
+
+
+async def cut_off_usage(store: RunStore, run_id: str, usage: Usage) -> dict[str, Any]:
+    """``usage`` with the calls charged that a cancel or the time budget cut off after
+    their handler had started: the executor charges its calls when they return, and
+    these never will. Read before the cut-off settles them (they are still running)."""
+    started = [
+        row
+        for row in await store.list_tool_calls(run_id)
+        if row.status == "running" and row.attempts > 0
+    ]
+    return usage.model_copy(update={"tool_calls": usage.tool_calls + len(started)}).model_dump()
 
 
 async def settle_running_calls(

@@ -32,7 +32,7 @@ from runtime.adapter import Adapter, fail_run
 from runtime.agent import AgentSpec
 from runtime.backend import settle_checkpointer
 from runtime.budget import Maxima, effective_limits
-from runtime.cancelling import CallSetting, finish_cancel, settle_running_calls
+from runtime.cancelling import CallSetting, cut_off_usage, finish_cancel, settle_running_calls
 from runtime.commands import Drive, RunCommands
 from runtime.context import Context
 from runtime.errors import Code, RuntimeProblem
@@ -53,6 +53,12 @@ INTERRUPT = "__interrupt__"
 keeps its own constant private)."""
 
 
+def _usage_now(values: Mapping[str, Any] | None, ctx: Context) -> Usage:
+    """The usage of the graph's latest values, with the active time up to now."""
+    usage = Usage.model_validate((values or {}).get("usage") or {})
+    return usage.model_copy(update={"active_s": ctx.active_s()})
+
+
 def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -63,6 +69,8 @@ class Progress:
 
     tasks: int = 0
     """Graph tasks it started."""
+    usage: Usage | None = None
+    """The run's usage as the drive knew it when a cancel cut it off."""
 
     @property
     def made(self) -> bool:
@@ -219,7 +227,9 @@ class Engine(RunCommands):
                 cancel = await asyncio.shield(store.cancel_requested(run_id))
                 reason, compensate = cancel or ("cancelled", False)
                 await asyncio.shield(
-                    finish_cancel(store, self._setting_of, run_id, reason, compensate)
+                    finish_cancel(
+                        store, self._setting_of, run_id, reason, compensate, progress.usage
+                    )
                 )
             else:  # shutdown: hand the run to the next worker, from its checkpoint
                 how = "handed_back"
@@ -350,9 +360,12 @@ class Engine(RunCommands):
                         elif mode == "tasks" and "input" in part:
                             progress.tasks += 1
                             await adapter.on_task_start(part["name"])
+            except asyncio.CancelledError:
+                progress.usage = _usage_now(adapter.values or values, ctx)
+                raise
             except TimeoutError:
-                await store.update_run(
-                    run_id, usage=usage.model_copy(update={"active_s": ctx.active_s()}).model_dump()
+                charged = await cut_off_usage(
+                    store, run_id, _usage_now(adapter.values or values, ctx)
                 )
                 await settle_running_calls(
                     store,
@@ -366,6 +379,7 @@ class Engine(RunCommands):
                     run_id,
                     Code.RUN_BUDGET_EXCEEDED,
                     f"timeout_s {run.limits.timeout_s} reached",
+                    usage=charged,
                 )
                 return
             if streamed or (adapter.values.get("outcome") and graph_input is not None):

@@ -92,3 +92,38 @@ async def test_a_compensation_that_fails_is_on_the_record(api: Api) -> None:
     failed = [e for e in errors if e["code"] == "COMPENSATION_FAILED"]
     assert [e["tool_call_id"] for e in failed] == [call["tool_call_id"]]
     assert "refused to refund 13" in failed[0]["message"] and failed[0]["recovery"] == "human"
+
+
+# The usage a cut-off run ends with (DESIGN §9): what it spent up to the cut, including
+# the call cut off mid-flight, which its executor never returned to charge.
+
+
+async def test_a_cancelled_run_is_charged_for_the_call_it_cut_off(api: Api) -> None:
+    run_id = (await api.create(agent_id="transferrer", input="last 30"))["run_id"]
+    await api.wait_event(run_id, transfer_started)
+    await asyncio.sleep(0.3)
+    resp = await api.client.post(f"/runs/{run_id}/cancel", json={"reason": "stop"})
+    final = resp.json()
+
+    assert final["outcome"]["code"] == "RUN_CANCELLED"
+    assert final["usage"]["steps"] == 1 and final["usage"]["tool_calls"] == 1
+    assert 0.3 <= final["usage"]["active_s"] < 30
+
+
+async def test_a_run_out_of_time_keeps_what_it_spent(api: Api) -> None:
+    """The usage was that of the drive's start, active time aside: the steps and calls
+    of the drive that ran out were lost from the run (the checkpoint had them)."""
+    run = await api.create(
+        agent_id="slow_worker", input="go 5", options={"budget": {"timeout_s": 0.5}}
+    )
+    final = await api.settle(run["run_id"])
+
+    assert final["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
+    calls = (await api.client.get(f"/runs/{run['run_id']}/tool-calls")).json()
+    assert [(c["tool"], c["status"]) for c in calls] == [
+        ("counter", "succeeded"),
+        ("sleep", "cancelled"),
+    ]
+    # Two steps planned, counter charged by its executor, sleep cut off while running.
+    assert final["usage"]["steps"] == 2 and final["usage"]["tool_calls"] == 2
+    assert final["usage"]["active_s"] >= 0.5
