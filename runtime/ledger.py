@@ -322,14 +322,17 @@ async def _execute(
             if found is not None:
                 return await _finish(store, current, "succeeded", found, None, 0, tctx.artifacts)
         elif not spec.idempotent:
-            return await store.update_tool_call(
-                current.tool_call_id,
-                result=result_event(current.model_copy(update={"status": "unknown"})),
-                status="unknown",
-                error={
+            unknown: dict[str, Any] = {
+                "status": "unknown",
+                "error": {
                     "code": Code.TOOL_OUTCOME_UNKNOWN,
                     "message": "process stopped during a non-idempotent call",
                 },
+            }
+            return await store.update_tool_call(
+                current.tool_call_id,
+                result=result_event(current.model_copy(update=unknown)),
+                **unknown,
             )
     if not breaker.allow():
         # Fail fast: the tool has been unavailable; the handler is not touched.

@@ -162,6 +162,7 @@ async def test_unreconcilable_side_effect_is_marked_unknown(h: Harness) -> None:
     assert row.error is not None and row.error["code"] == "TOOL_OUTCOME_UNKNOWN"
     events = await h.store.list_events(h.run_id)
     assert events[-1].type == "result" and events[-1].data["status"] == "unknown"
+    assert events[-1].data["error"] == row.error  # the record says why, in both places
 
 
 # (d): errors -----------------------------------------------------------------------
