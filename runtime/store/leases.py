@@ -66,13 +66,14 @@ class LeaseQueries(StoreCore):
         return [(row["run_id"], int(row["lease_version"])) for row in rows]
 
     async def take_lease(self, run_id: str, owner: str, lease_s: float) -> int | None:
-        """Claim one run whatever it needs, unless another worker's lease is live."""
+        """Claim one run whatever it needs (a backoff included), unless a lease on it is
+        live, ours too: a drive of this process may have claimed it a moment ago."""
         got = await self.write_once(
             "UPDATE runs SET lease_owner = ?, "
             f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
-            "WHERE run_id = ? AND (lease_owner IS NULL OR lease_owner = ? OR "
+            "WHERE run_id = ? AND (lease_owner IS NULL OR "
             f"lease_expires_at < {self.now_sql}) RETURNING lease_version",
-            (owner, lease_s, run_id, owner),
+            (owner, lease_s, run_id),
         )
         return int(got[0]["lease_version"]) if got else None
 

@@ -41,8 +41,8 @@ def ledger_row(run_id: str) -> ToolCall:
 
 
 async def stale_and_current(store: RunStore, run_id: str) -> tuple[RunStore, RunStore]:
-    first = await store.take_lease(run_id, "w1", 30.0)
-    second = await store.take_lease(run_id, "w1", 30.0)  # a takeover bumps the version
+    first = await store.take_lease(run_id, "w1", -1.0)  # expired at once: taken over
+    second = await store.take_lease(run_id, "w2", 30.0)  # a takeover bumps the version
     assert first is not None and second == first + 1
     return store.fenced(run_id, first), store.fenced(run_id, second)
 

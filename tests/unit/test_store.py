@@ -340,6 +340,20 @@ async def test_concurrent_claims_lease_each_run_once(backend: object, make_run: 
     assert len(leased) == len(set(leased)) == 24 and set(leased) == runs
 
 
+async def test_a_live_lease_is_not_taken_even_by_its_owner(
+    backend: object, make_run: MakeRun
+) -> None:
+    """A cancel takes a run nobody holds; a drive its own process claimed a moment
+    before is not nobody (taking it would fence that drive out)."""
+    store = store_of(backend)
+    run = await make_run(store)
+    [(run_id, version)] = await store.claim_runs("w1", 1, 30.0)
+    assert await store.take_lease(run_id, "w1", 30.0) is None
+    assert await store.take_lease(run_id, "w2", 30.0) is None
+    await store.release_lease(run_id, "w1", version, needs_drive=True)
+    assert await store.take_lease(run.run_id, "w1", 30.0) == version + 1
+
+
 async def test_a_failed_drive_is_claimable_again_only_after_its_backoff(
     backend: object, make_run: MakeRun
 ) -> None:
