@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from runtime.errors import CODES, Code
+from runtime.errors import CODES, Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger, forward_trigger
 from runtime.model import Outcome, PendingApproval, Run
@@ -113,7 +113,36 @@ async def fail_run(
     """End a run as failed with ``code``: error event, outcome with side effects, state event.
 
     ``tool_call_id``: the call that stopped the run, named in its error event; ``usage``:
-    the run's final usage, where the stored one is behind (a cut-off drive's)."""
+    the run's final usage, where the stored one is behind (a cut-off drive's).
+
+    The lease holder is not alone in moving a run: a human's approval moves it from
+    waiting_human to executing whoever holds it. A decision that lands between the read
+    here and the write is read again and the failure fired from where the run now is.
+    """
+    for attempt in range(1, STATE_RACES + 1):
+        try:
+            return await _fail_run(store, run_id, code, message, compensations, tool_call_id, usage)
+        except RuntimeProblem as exc:
+            if exc.code is not Code.RUN_STATE_CONFLICT or attempt == STATE_RACES:
+                raise
+            log.info("run %s changed state while failing it (%s); reading it again", run_id, exc)
+    raise AssertionError("unreachable")
+
+
+STATE_RACES = 3
+"""Tries of a failure's state change: a run moves without its lease only once (a
+human's approval of the question it is parked on)."""
+
+
+async def _fail_run(
+    store: RunStore,
+    run_id: str,
+    code: Code,
+    message: str,
+    compensations: list[str] | None,
+    tool_call_id: str | None,
+    usage: dict[str, Any] | None,
+) -> Run | None:
     run = await store.get_run(run_id)
     if run is None or run.state in TERMINAL:
         return run
