@@ -123,12 +123,18 @@ class ToolCallQueries(StoreCore):
                 )
 
     async def claim_compensation(self, tool_call_id: str) -> bool:
-        """True for exactly one caller: it alone runs the call's compensation."""
+        """True for exactly one caller: it alone runs the call's compensation.
+
+        The claim holds the lease version of the drive that made it (1 off a drive): a
+        drive that takes the run over from one that died mid-compensation claims it
+        again, and the compensation runs again (with the call's idempotency key), rather
+        than being skipped for good with nothing on the record."""
+        version = self._fence[1] if self._fence is not None else 1
         async with self.tx() as tx:
             got = await tx.fetchone(
-                "UPDATE tool_calls SET compensation_claimed = 1 WHERE tool_call_id = ? "
-                "AND compensation_claimed = 0 AND compensated = 0 RETURNING tool_call_id",
-                (tool_call_id,),
+                "UPDATE tool_calls SET compensation_claimed = ? WHERE tool_call_id = ? "
+                "AND compensation_claimed < ? AND compensated = 0 RETURNING tool_call_id",
+                (version, tool_call_id, version),
             )
         return got is not None
 

@@ -134,3 +134,29 @@ async def test_a_new_ledger_row_is_claimed_once(backend: object, make_run: MakeR
     assert claimed_first and not claimed_again
     assert first.attempts == again.attempts == 1
     assert [e.type for e in await store.list_events(run.run_id)] == ["state", "action"]
+
+
+async def test_a_compensation_claimed_by_a_dead_drive_is_claimed_again(
+    backend: object, make_run: MakeRun
+) -> None:
+    """A drive died while it compensated (its claim stays, its release never came):
+    the drive that takes the run over claims it again, where it used to skip it for good
+    and end the run without the compensation, and without saying so."""
+    store = store_of(backend)
+    run = await make_run(store)
+    first = await store.take_lease(run.run_id, "w1", -1.0)  # it will have died
+    assert first is not None
+    dead = store.fenced(run.run_id, first)
+    row, _ = await dead.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+    await dead.update_tool_call(row.tool_call_id, result=None, status="succeeded")
+    assert await dead.claim_compensation(row.tool_call_id)
+
+    second = await store.take_lease(run.run_id, "w2", 30.0)
+    assert second == first + 1
+    taker = store.fenced(run.run_id, second)
+    assert await taker.claim_compensation(row.tool_call_id)
+    assert not await taker.claim_compensation(row.tool_call_id)  # one claim per drive
+    with pytest.raises(LeaseLost):
+        await dead.claim_compensation(row.tool_call_id)
+    await taker.release_compensation(row.tool_call_id, done=True)
+    assert not await store.claim_compensation(row.tool_call_id)  # done is done
