@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from langgraph.store.base import BaseStore
@@ -103,7 +103,7 @@ async def settle_running_calls(
         if spec is None or spec.reconcile is None:
             continue
         args = spec.args_model.model_validate(row.args)
-        tctx = setting.context(store, run, row)
+        tctx = replace(setting.context(store, run, row), cut_off=True)
         await settle_cut_off(store, spec, row, args, tctx, {"code": code, "message": message})
 
 

@@ -42,6 +42,11 @@ class ToolContext:
     memory: Memory | None = None
     """The run's user's long-term memory (runtime.memory); None where the graph runs
     without a store."""
+    cut_off: bool = False
+    """Set for ``reconcile`` when a cancel or the run's time budget cut the call off:
+    its handler may still be finishing out of the runtime's reach (a thread, a request
+    in flight), and the answer is final. Where the effect has not landed, reconcile
+    must see that it never does (void the idempotency key) or say it took place."""
 
 
 Handler = Callable[[Any, ToolContext], Awaitable[Any]]

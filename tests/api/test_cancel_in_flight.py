@@ -8,10 +8,13 @@ effect lands when it starts ("first") or would land when it ends ("last").
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from typing import Any
 
 from tests.agents import UNREFUNDABLE, transfer_lines
 from tests.api.conftest import Api
+from tests.api.helpers import parked_demo_run
+from tools.retail import outbox_rows
 
 
 def transfer_started(event: dict[str, Any]) -> bool:
@@ -127,3 +130,44 @@ async def test_a_run_out_of_time_keeps_what_it_spent(api: Api) -> None:
     # Two steps planned, counter charged by its executor, sleep cut off while running.
     assert final["usage"]["steps"] == 2 and final["usage"]["tool_calls"] == 2
     assert final["usage"]["active_s"] >= 0.5
+
+
+async def test_a_publish_cut_off_in_its_thread_never_lands_behind_the_record(api: Api) -> None:
+    """The demo's publish inserts in a thread, which a cancel cannot stop: asked at once,
+    reconcile said "not queued", the record said so, and the thread queued the email a
+    moment later. Its reconcile now voids the key when it finds nothing (``cut_off``)."""
+    run_id, approval_id, _ = await parked_demo_run(api)
+    db = api.settings.resolved_demo_db
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # a slow real system: the handler's insert waits
+    try:
+        assert (await api.decide(run_id, approval_id, "approve")).status_code == 202
+        await api.wait_event(
+            run_id, lambda e: e["type"] == "action" and e["data"]["tool"] == "publish_report"
+        )
+        cancel = asyncio.create_task(
+            api.client.post(f"/runs/{run_id}/cancel", json={"reason": "stop", "compensate": True})
+        )
+        await asyncio.sleep(0.3)  # the cancel settles the call while the insert still waits
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    final = (await cancel).json()
+    await asyncio.sleep(0.5)  # the handler's thread, unblocked, does what it still does
+
+    assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
+    calls = (await api.client.get(f"/runs/{run_id}/tool-calls")).json()
+    [call] = [c for c in calls if c["tool"] == "publish_report"]
+    rows = outbox_rows(db)
+    assert [r for r in rows if r["status"] == "queued"] == []  # nothing goes out
+    if call["status"] == "succeeded":  # the insert came first: on the record, compensated
+        assert final["outcome"]["compensations"] == [call["tool_call_id"]]
+        assert [(r["idempotency_key"], r["subject"] != "") for r in rows] == [
+            (call["idempotency_key"], True)
+        ]
+    else:  # reconcile came first: the key is void, and the late insert queued nothing
+        assert call["status"] == "cancelled" and call["error"]["took_effect"] is False
+        assert final["outcome"]["side_effects"] == []
+        assert [(r["idempotency_key"], r["subject"]) for r in rows] == [
+            (call["idempotency_key"], "")
+        ]

@@ -159,6 +159,21 @@ def _find_outbox(db_path: Path, key: str) -> dict[str, Any] | None:
     return None if row is None else _outbox_output(row)
 
 
+def _find_or_void(db_path: Path, key: str) -> dict[str, Any] | None:
+    """The message a cut-off publish queued, or None after voiding its key: a retracted,
+    empty row, so that the handler's insert, if its thread is still on the way, queues
+    nothing (its key is taken by another message) and the record stays true."""
+    with connect(db_path) as conn:
+        conn.execute(
+            "INSERT INTO outbox (idempotency_key, channel, recipients, subject, body_ref,"
+            " status, created_at) VALUES (?, '', '[]', '', '', 'retracted', ?)"
+            " ON CONFLICT(idempotency_key) DO NOTHING",
+            (key, utcnow().isoformat()),
+        )
+        row = conn.execute("SELECT * FROM outbox WHERE idempotency_key = ?", (key,)).fetchone()
+    return None if row["channel"] == "" else _outbox_output(row)
+
+
 def _enqueue(db_path: Path, key: str, args: PublishReportArgs) -> dict[str, Any]:
     recipients = json.dumps(args.recipients)
     with connect(db_path) as conn:
@@ -216,7 +231,10 @@ def build_registry(db_path: Path) -> ToolRegistry:
         return queued
 
     async def reconcile(args: PublishReportArgs, ctx: ToolContext) -> dict[str, Any] | None:
-        return await _in_thread(_find_outbox, db_path, ctx.idempotency_key)
+        # After a crash the handler runs again if nothing was queued; after a cut-off
+        # it does not, and its own insert may still be under way in its thread.
+        find = _find_or_void if ctx.cut_off else _find_outbox
+        return await _in_thread(find, db_path, ctx.idempotency_key)
 
     async def compensate(args: PublishReportArgs, output: Any, ctx: ToolContext) -> None:
         await _in_thread(_retract, db_path, ctx.idempotency_key)
