@@ -35,14 +35,15 @@ from runtime.budget import Maxima, effective_limits
 from runtime.cancelling import CallSetting, cut_off_usage, finish_cancel, settle_running_calls
 from runtime.commands import Drive, RunCommands
 from runtime.context import Context
-from runtime.errors import Code, RuntimeProblem
+from runtime.errors import CODES, Code, RuntimeProblem
 from runtime.eventbus import EventBus
+from runtime.events import EventType
 from runtime.ids import content_hash, new_run_id
 from runtime.lifecycle import TERMINAL, State
 from runtime.metrics import Metrics
 from runtime.model import Approval, Run, RunCreate, Usage, utcnow
 from runtime.retry import DriveRetry, after_failed_drive
-from runtime.store.base import LeaseLost, RunStore
+from runtime.store.base import DriveStart, LeaseLost, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +205,8 @@ class Engine(RunCommands):
         try:
             found = await store.get_run_to_drive(run_id)
             failures = found.failures if found is not None else 0
+            if found is not None and found.taken_from is not None:
+                await self._record_takeover(store, found, version)
             if found is not None and found.cancel is not None:
                 how = "cancelled"
                 await finish_cancel(store, self._setting_of, run_id, *found.cancel)
@@ -261,6 +264,24 @@ class Engine(RunCommands):
             self.metrics.inc("drives_ended_total", how=how)
         await asyncio.shield(_flush_quietly(store))
         await asyncio.shield(self._release(run_id, version, release, retry_in, failures))
+
+    async def _record_takeover(self, store: RunStore, found: DriveStart, version: int) -> None:
+        """The worker before us stopped without giving the run back: say so on the
+        record, where its work ends and ours begins (a recovered error)."""
+        if found.run.state in TERMINAL:
+            return
+        await store.append_event(
+            found.run.run_id,
+            EventType.ERROR,
+            {
+                "code": Code.WORKER_LOST,
+                "message": f"{found.taken_from} stopped renewing its lease; {self.owner} "
+                "resumes the run from its last checkpoint",
+                "recovery": CODES[Code.WORKER_LOST].recovery,
+                "worker": found.taken_from,
+            },
+            dedupe_key=f"worker-lost:{version}",
+        )
 
     async def _release(
         self,

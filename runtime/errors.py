@@ -37,6 +37,7 @@ class Code(StrEnum):
     RUN_CANCELLED = "RUN_CANCELLED"
     APPROVAL_REJECTED = "APPROVAL_REJECTED"
     CHECKPOINT_ERROR = "CHECKPOINT_ERROR"
+    WORKER_LOST = "WORKER_LOST"
     # API problems.
     VALIDATION_ERROR = "VALIDATION_ERROR"
     RUN_NOT_FOUND = "RUN_NOT_FOUND"
@@ -87,6 +88,11 @@ CODES: dict[Code, CodeInfo] = {
     C.RUN_CANCELLED: CodeInfo("Run cancelled", R.COMPENSATE, 409, Trigger.CANCEL),
     C.APPROVAL_REJECTED: CodeInfo("A human rejected the action", R.NONE, 409, Trigger.REJECTED),
     C.CHECKPOINT_ERROR: CodeInfo("State cannot be persisted", R.RESUME, 503),
+    C.WORKER_LOST: CodeInfo(
+        "The worker driving the run stopped; another resumed it from its checkpoint",
+        R.RESUME,
+        503,
+    ),
     C.VALIDATION_ERROR: CodeInfo("Request is invalid", R.NONE, 422),
     C.RUN_NOT_FOUND: CodeInfo("No such run", R.NONE, 404),
     C.APPROVAL_NOT_FOUND: CodeInfo("No such approval", R.NONE, 404),

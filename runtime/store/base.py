@@ -73,6 +73,8 @@ class DriveStart(NamedTuple):
     """The cancel request, if any: (reason, compensate)."""
     failures: int
     """Drives in a row before this one that ended on a database error."""
+    taken_from: str | None = None
+    """The worker whose lease this drive's replaced after it expired unreleased."""
 
 
 class RunStore(
@@ -289,6 +291,7 @@ class RunStore(
             Run.model_validate(_dec(row)),
             _cancel_intent(row["cancel_requested"]),
             int(row["drive_failures"]),
+            row["taken_from"],
         )
 
     async def append_event(

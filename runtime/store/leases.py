@@ -14,6 +14,12 @@ CLAIM_SPARE = 16
 locking at that moment; a claim left short takes the rest at its next wake or sweep."""
 
 
+TAKE_OVER = "taken_from = lease_owner"
+"""Part of every lease grant: the owner of the lease it replaces. A released lease has
+none; one that expired unreleased names the worker that died or stalled (SQL's SET
+reads the row as it was)."""
+
+
 class LeaseQueries(StoreCore):
     """Mixed into RunStore; ``now_sql`` is the database's clock in epoch seconds."""
 
@@ -58,7 +64,7 @@ class LeaseQueries(StoreCore):
             "picked AS (SELECT runs.run_id FROM runs JOIN ranked ON ranked.run_id = runs.run_id "
             f"WHERE {ready('runs')} "
             f"ORDER BY ranked.turn, ranked.updated_at, runs.run_id LIMIT ?{self.skip_locked}) "
-            "UPDATE runs SET lease_owner = ?, "
+            f"UPDATE runs SET {TAKE_OVER}, lease_owner = ?, "
             f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
             "WHERE run_id IN (SELECT run_id FROM picked) RETURNING run_id, lease_version",
             (limit + CLAIM_SPARE, limit, owner, lease_s),
@@ -69,7 +75,7 @@ class LeaseQueries(StoreCore):
         """Claim one run whatever it needs (a backoff included), unless a lease on it is
         live, ours too: a drive of this process may have claimed it a moment ago."""
         got = await self.write_once(
-            "UPDATE runs SET lease_owner = ?, "
+            f"UPDATE runs SET {TAKE_OVER}, lease_owner = ?, "
             f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
             "WHERE run_id = ? AND (lease_owner IS NULL OR "
             f"lease_expires_at < {self.now_sql}) RETURNING lease_version",
@@ -137,12 +143,10 @@ class LeaseQueries(StoreCore):
         return bool(got[0]["needs_drive"]) if got else None
 
     async def expire_all_leases(self) -> None:
-        """Embedded mode is one process: at its start, no earlier lease can be alive."""
+        """Embedded mode is one process: at its start, no earlier lease can be alive.
+        They expire, owners kept: the claim that follows says whose it was."""
         async with self.tx() as tx:
-            await tx.execute(
-                "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
-                "WHERE lease_owner IS NOT NULL"
-            )
+            await tx.execute("UPDATE runs SET lease_expires_at = 0 WHERE lease_owner IS NOT NULL")
 
     async def lease_of(self, run_id: str) -> dict[str, Any] | None:
         async with self.read() as tx:

@@ -167,4 +167,9 @@ MIGRATIONS: list[list[str]] = [
         "ON runs (tenant_id, updated_at, run_id, lease_expires_at) WHERE needs_drive = 1",
         "CREATE INDEX IF NOT EXISTS runs_leased ON runs (tenant_id) WHERE lease_owner IS NOT NULL",
     ],
+    [
+        # The owner of the lease a claim replaced: set only where that lease had expired
+        # unreleased (its worker died or stalled), so the drive can put it on the record.
+        "ALTER TABLE runs ADD COLUMN taken_from TEXT",
+    ],
 ]

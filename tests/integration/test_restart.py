@@ -77,7 +77,11 @@ def test_sigkill_while_executing_resumes_without_repeating_finished_calls(
         final = http.get(f"/runs/{run_id}").json()
         assert final["state"] == "succeeded", final
         calls = http.get(f"/runs/{run_id}/tool-calls").json()
+        events = http.get(f"/runs/{run_id}/events", headers={"Accept": "application/json"})
     assert [c["tool"] for c in calls] == ["counter", "sleep"]
+    # The record says where the killed process's drive ended and the next one began.
+    [lost] = [e["data"] for e in events.json() if e["type"] == "error"]
+    assert lost["code"] == "WORKER_LOST" and lost["recovery"] == "resume"
     assert calls[1]["attempts"] == 2, calls[1]
     assert len(counter_lines(server.data_dir)) == 1
     sleeps = (server.data_dir / "sleep.log").read_text().splitlines()
