@@ -91,7 +91,10 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
                     {
                         "code": code,
                         "message": message,
+                        # Never run, so in no ledger: where the step's decision proposed it.
                         "tool_call_id": tc_id,
+                        "step_index": step,
+                        "call_index": index,
                         "recovery": recovery or CODES[code].recovery,
                     },
                     dedupe_key=f"error:{tc_id}",

@@ -19,6 +19,8 @@ class State(StrEnum):
 
 
 class Trigger(StrEnum):
+    CREATE = "create"
+    """A run's first state event, from nothing to pending: no transition of the table."""
     START = "start"
     PLAN_READY = "plan_ready"
     PLAN_ERROR = "plan_error"

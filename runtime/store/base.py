@@ -375,7 +375,7 @@ def run_row(run: Run, request_hash: str) -> dict[str, Any]:
 
 def created_event(run: Run) -> dict[str, Any]:
     """The data of a run's first event."""
-    return {"from": None, "to": run.state.value, "trigger": "create"}
+    return {"from": None, "to": run.state.value, "trigger": Trigger.CREATE.value}
 
 
 def tenant_limit(max_active: int) -> RuntimeProblem:

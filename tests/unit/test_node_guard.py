@@ -28,6 +28,8 @@ async def test_guard_unknown_tool_is_an_observation_and_an_error_event(env: Node
     [*_, event] = await env.store.list_events(env.run_id)
     assert event.type == "error" and event.data["code"] == "TOOL_NOT_FOUND"
     assert event.data["tool_call_id"] == ids.tool_call_id(env.run_id, 0, 0)
+    # It never ran, so no ledger row names it: the event says which proposal it was.
+    assert (event.data["step_index"], event.data["call_index"]) == (0, 0)
 
 
 async def test_guard_says_each_error_once_when_replayed(env: NodeEnv) -> None:
