@@ -6,8 +6,9 @@ Split from the engine, which calls it from whichever drive holds the run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -56,15 +57,15 @@ async def finish_cancel(
     run_id: str,
     reason: str,
     compensate: bool,
-    usage: Usage | None = None,
+    cut: CutOff | None = None,
 ) -> None:
-    """``setting_of``: agent_id → the tools and memory store its calls had; ``usage``:
-    the run's as its drive knew it when the cancel cut it off (None: as stored)."""
+    """``setting_of``: agent_id → the tools and memory store its calls had; ``cut``:
+    where the graph was when the cancel cut it off (None: nowhere known)."""
     run = await store.get_run(run_id)
     if run is None or run.state in TERMINAL:
         return
     setting = setting_of(run.agent_id)
-    charged = await cut_off_usage(store, run_id, usage or run.usage)
+    charged = await cut_off_usage(store, run, cut or CutOff({}))
     await settle_running_calls(store, setting, run, Code.RUN_CANCELLED, CUT_OFF)
     await store.interrupt_running_calls(run_id, Code.RUN_CANCELLED, CUT_OFF)
     compensated = await compensate_effects(store, setting, run) if compensate else None
@@ -78,16 +79,35 @@ async def finish_cancel(
     )
 
 
-async def cut_off_usage(store: RunStore, run_id: str, usage: Usage) -> dict[str, Any]:
-    """``usage`` with the calls charged that a cancel or the time budget cut off after
-    their handler had started: the executor charges its calls when they return, and
-    these never will. Read before the cut-off settles them (they are still running)."""
-    started = [
-        row
-        for row in await store.list_tool_calls(run_id)
-        if row.status == "running" and row.attempts > 0
-    ]
-    return usage.model_copy(update={"tool_calls": usage.tool_calls + len(started)}).model_dump()
+@dataclass(frozen=True)
+class CutOff:
+    """Where a run's graph was when a cancel or its time budget stopped it."""
+
+    values: Mapping[str, Any]
+    """The graph's latest values (its checkpoint's, where no drive of ours held them)."""
+    active_s: float | None = None
+    """The run's active time up to the cut, where a drive measured it."""
+
+
+async def cut_off_usage(store: RunStore, run: Run, cut: CutOff) -> dict[str, Any]:
+    """The run's usage at the cut, with the calls of the step it stopped charged where
+    their handler had started (this episode of it, for a call a human sent back): the
+    executor charges a step's calls together when it returns, and this one never will,
+    though some of them may have finished and had their effect."""
+    usage = Usage.model_validate(cut.values["usage"]) if cut.values.get("usage") else run.usage
+    if cut.active_s is not None:
+        usage = usage.model_copy(update={"active_s": cut.active_s})
+    calls = list(cut.values.get("calls") or [])
+    if calls:
+        rows = {row.tool_call_id: row for row in await store.list_tool_calls(run.run_id)}
+        started = [
+            call
+            for call in calls
+            if (row := rows.get(call["tool_call_id"])) is not None
+            and row.attempts > call.get("unknown_after_attempts", 0)
+        ]
+        usage = usage.model_copy(update={"tool_calls": usage.tool_calls + len(started)})
+    return usage.model_dump()
 
 
 async def settle_running_calls(
@@ -126,6 +146,13 @@ async def compensate_effects(store: RunStore, setting: CallSetting, run: Run) ->
                 spec.compensate(spec.args_model.model_validate(row.args), row.output, tctx),
                 spec.timeout_s,
             )
+        except asyncio.CancelledError:
+            # Cut short (a shutdown): whoever finishes the cancel claims it again, this
+            # drive too (a claim is one per lease), and runs it again. Were the release
+            # lost, the next lease's claim still takes it.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(store.release_compensation(row.tool_call_id, done=False))
+            raise
         except Exception as exc:
             secrets = secret_values(spec, spec.args_model.model_validate(row.args))
             if secrets:  # a traceback would print the values unscrubbed

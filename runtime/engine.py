@@ -32,7 +32,13 @@ from runtime.adapter import Adapter, fail_run
 from runtime.agent import AgentSpec
 from runtime.backend import settle_checkpointer
 from runtime.budget import Maxima, effective_limits
-from runtime.cancelling import CallSetting, cut_off_usage, finish_cancel, settle_running_calls
+from runtime.cancelling import (
+    CallSetting,
+    CutOff,
+    cut_off_usage,
+    finish_cancel,
+    settle_running_calls,
+)
 from runtime.commands import Drive, RunCommands
 from runtime.context import Context
 from runtime.errors import CODES, Code, RuntimeProblem
@@ -54,12 +60,6 @@ INTERRUPT = "__interrupt__"
 keeps its own constant private)."""
 
 
-def _usage_now(values: Mapping[str, Any] | None, ctx: Context) -> Usage:
-    """The usage of the graph's latest values, with the active time up to now."""
-    usage = Usage.model_validate((values or {}).get("usage") or {})
-    return usage.model_copy(update={"active_s": ctx.active_s()})
-
-
 def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -70,8 +70,8 @@ class Progress:
 
     tasks: int = 0
     """Graph tasks it started."""
-    usage: Usage | None = None
-    """The run's usage as the drive knew it when a cancel cut it off."""
+    cut: CutOff | None = None
+    """Where the graph was when a cancel cut the drive off."""
 
     @property
     def made(self) -> bool:
@@ -209,7 +209,10 @@ class Engine(RunCommands):
                 await self._record_takeover(store, found, version)
             if found is not None and found.cancel is not None:
                 how = "cancelled"
-                await finish_cancel(store, self._setting_of, run_id, *found.cancel)
+                # Already stopping: a second cancel notice must not cut this short.
+                self._cancelling.add(run_id)
+                progress.cut = CutOff(await self._checkpointed_values(found.run))
+                await finish_cancel(store, self._setting_of, run_id, *found.cancel, progress.cut)
             elif found is not None and found.run.state not in TERMINAL:
                 try:
                     # Lease versions count every grant: a pending run's first has no
@@ -230,9 +233,7 @@ class Engine(RunCommands):
                 cancel = await asyncio.shield(store.cancel_requested(run_id))
                 reason, compensate = cancel or ("cancelled", False)
                 await asyncio.shield(
-                    finish_cancel(
-                        store, self._setting_of, run_id, reason, compensate, progress.usage
-                    )
+                    finish_cancel(store, self._setting_of, run_id, reason, compensate, progress.cut)
                 )
             else:  # shutdown: hand the run to the next worker, from its checkpoint
                 how = "handed_back"
@@ -264,6 +265,14 @@ class Engine(RunCommands):
             self.metrics.inc("drives_ended_total", how=how)
         await asyncio.shield(_flush_quietly(store))
         await asyncio.shield(self._release(run_id, version, release, retry_in, failures))
+
+    async def _checkpointed_values(self, run: Run) -> Mapping[str, Any]:
+        """The graph values of the run's last checkpoint (none for a run never driven)."""
+        graph = self.graphs.get(run.agent_id)
+        if graph is None or run.state in (State.PENDING, *TERMINAL):
+            return {}
+        snapshot = await graph.aget_state({"configurable": {"thread_id": run.run_id}})
+        return snapshot.values or {}
 
     async def _record_takeover(self, store: RunStore, found: DriveStart, version: int) -> None:
         """The worker before us stopped without giving the run back: say so on the
@@ -382,11 +391,11 @@ class Engine(RunCommands):
                             progress.tasks += 1
                             await adapter.on_task_start(part["name"])
             except asyncio.CancelledError:
-                progress.usage = _usage_now(adapter.values or values, ctx)
+                progress.cut = CutOff(adapter.values or values or {}, ctx.active_s())
                 raise
             except TimeoutError:
                 charged = await cut_off_usage(
-                    store, run_id, _usage_now(adapter.values or values, ctx)
+                    store, run, CutOff(adapter.values or values or {}, ctx.active_s())
                 )
                 await settle_running_calls(
                     store,

@@ -36,6 +36,7 @@ class Worker:
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop claiming, let current drives finish for ``grace_s``, release the rest."""
         self._stopping.set()
+        self.engine.renews_leases = False  # the heartbeat stops here: take no more leases
         self.engine.wake()
         for task in self._tasks:
             task.cancel()

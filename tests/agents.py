@@ -219,6 +219,20 @@ def slow_worker(view: PlannerView) -> Decision:
     return finish("slept")
 
 
+def hurried(view: PlannerView) -> Decision:
+    """counter and a sleep of the seconds its input says, in one step, then finish."""
+    if not view.observations:
+        return Decision(
+            kind="tool_calls",
+            summary="both at once",
+            tool_calls=[
+                ProposedCall(tool="counter", args={"label": "first"}),
+                ProposedCall(tool="sleep", args={"seconds": float(view.input.split()[-1])}),
+            ],
+        )
+    return finish("done")
+
+
 def transferrer(view: PlannerView) -> Decision:
     """One transfer held open for the seconds its input says, its effect "first" or
     "last", of 5 or the amount given (input "first 30", "first 30 13"), then finish."""
@@ -277,6 +291,7 @@ SCRIPTS: dict[str, Script] = {
     "typo_fixer": typo_fixer,
     "stubborn": stubborn,
     "slow_worker": slow_worker,
+    "hurried": hurried,
     "transferrer": transferrer,
     "rememberer": rememberer,
     "broken": broken,

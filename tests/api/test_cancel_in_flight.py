@@ -113,6 +113,27 @@ async def test_a_cancelled_run_is_charged_for_the_call_it_cut_off(api: Api) -> N
     assert 0.3 <= final["usage"]["active_s"] < 30
 
 
+async def test_a_cut_off_step_charges_its_calls_that_finished_too(api: Api) -> None:
+    """The executor charges a step's calls together when it returns: counter finished,
+    sleep was cut off, and neither was charged."""
+    timed = await api.create(
+        agent_id="hurried", input="go 5", options={"budget": {"timeout_s": 0.5}}
+    )
+    cancelled = await api.create(agent_id="hurried", input="go 30")
+    await api.wait_event(
+        cancelled["run_id"], lambda e: e["type"] == "action" and e["data"]["tool"] == "sleep"
+    )
+    resp = await api.client.post(f"/runs/{cancelled['run_id']}/cancel", json={"reason": "x"})
+
+    for final in (await api.settle(timed["run_id"]), resp.json()):
+        calls = (await api.client.get(f"/runs/{final['run_id']}/tool-calls")).json()
+        assert {c["tool"]: c["status"] for c in calls} == {
+            "counter": "succeeded",
+            "sleep": "cancelled",
+        }
+        assert final["usage"]["steps"] == 1 and final["usage"]["tool_calls"] == 2, final
+
+
 async def test_a_run_out_of_time_keeps_what_it_spent(api: Api) -> None:
     """The usage was that of the drive's start, active time aside: the steps and calls
     of the drive that ran out were lost from the run (the checkpoint had them)."""

@@ -1,18 +1,33 @@
-"""Failing a run while a human decides its question: the approval moves the run from
-waiting_human to executing without the lease, between fail_run's read and its write."""
+"""Failing a run where something else moves at the same time: a human's approval (it
+moves the run without the lease), or a shutdown cutting a cancel's compensation short."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from runtime.adapter import fail_run
+from runtime.cancelling import CallSetting, finish_cancel
 from runtime.errors import Code
 from runtime.lifecycle import State
 from runtime.model import Run
 from runtime.store.base import RunStore
+from runtime.tooling import ToolContext, ToolSpec
 from tests.unit.conftest import MakeRun
-from tests.unit.test_fencing import store_of
+from tests.unit.test_fencing import ledger_row, store_of
 from tests.unit.test_store import pending_approval
+from tools.registry import ToolRegistry
+
+
+class NoArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+async def noop(args: NoArgs, ctx: ToolContext) -> dict[str, object]:
+    return {}
 
 
 class DecidedAfterRead:
@@ -57,3 +72,43 @@ async def test_a_cancel_racing_an_approval_still_ends_cancelled(
     assert states[-3:] == ["waiting_human", "executing", "failed"]
     errors = [e.data["code"] for e in await store.list_events(run.run_id) if e.type == "error"]
     assert errors == ["RUN_CANCELLED"]
+
+
+async def test_a_compensation_cut_short_runs_again_in_the_same_drive(
+    backend: object, make_run: MakeRun
+) -> None:
+    """A drive finishing a cancel is stopped mid-compensation (a shutdown) and finishes
+    the cancel again (its CancelledError path): its claim, one per lease, had kept the
+    compensation from running a second time, and the run ended uncompensated."""
+    store = store_of(backend)
+    run = await make_run(store, state=State.EXECUTING)
+    version = await store.take_lease(run.run_id, "w1", 30.0)
+    assert version is not None
+    view = store.fenced(run.run_id, version)
+    row, _ = await view.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+    await view.update_tool_call(row.tool_call_id, result=None, status="succeeded")
+    undone: list[str] = []
+    entered = asyncio.Event()
+
+    async def undo(args: BaseModel, output: object, ctx: ToolContext) -> None:
+        entered.set()
+        await asyncio.sleep(0.2)
+        undone.append(ctx.idempotency_key)
+
+    spec = ToolSpec("noop", "1", "noop", NoArgs, noop, side_effect=True, compensate=undo)
+    setting = CallSetting(ToolRegistry([spec]))
+    first = asyncio.create_task(
+        finish_cancel(view, lambda _: setting, run.run_id, "stop", compensate=True)
+    )
+    await entered.wait()
+    first.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await first
+
+    await finish_cancel(view, lambda _: setting, run.run_id, "stop", compensate=True)
+
+    final = await store.get_run(run.run_id)
+    assert final is not None and final.outcome is not None
+    assert final.outcome.compensations == [row.tool_call_id]
+    assert undone == [row.idempotency_key]
+    assert (await store.get_tool_call(row.tool_call_id)).compensated  # type: ignore[union-attr]
