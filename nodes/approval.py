@@ -18,7 +18,7 @@ from runtime import ids
 from runtime.context import Context, services
 from runtime.errors import Code
 from runtime.events import summarize
-from runtime.model import Approval, ApprovalDecision, utcnow
+from runtime.model import Approval, ApprovalDecision, Awaiting, RunContext, utcnow
 from runtime.state import RunState, failed
 from runtime.tooling import ToolResolver
 
@@ -42,6 +42,7 @@ def parse_decision(answer: Any) -> tuple[ApprovalDecision, str | None, str]:
 def make_approval_node(tools: ToolResolver) -> NodeFn:
     async def approval_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
         ctx = await services(runtime, state)
+        context = RunContext.model_validate(state.get("context") or {})
         rejected: list[dict[str, Any]] = []
         for call in state.get("calls", []):
             if not call["needs_approval"]:
@@ -64,6 +65,10 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
                 "args_summary": summarize(shown),
                 "risk": spec.risk,
                 "reason": call["reason"],
+                "awaiting": Awaiting(
+                    tenant_id=context.tenant_id,
+                    not_user=context.user_id if spec.four_eyes else None,
+                ).model_dump(),
             }
             row = await ctx.store.ensure_approval(
                 Approval(

@@ -233,6 +233,7 @@ class Adapter:
                 tool_call_id=request["tool_call_id"],
                 tool=request["tool"],
                 reason=request.get("reason", ""),
+                awaiting=request.get("awaiting"),
             )
             if self.state is State.PLANNING:
                 # A graph that interrupts straight from planning still reads as executing first.

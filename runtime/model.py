@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -78,11 +78,28 @@ class Usage(BaseModel):
     active_s: float = 0.0
 
 
+APPROVER_ROLE: Final = "approver"
+"""The role that decides approvals (of runs in the decider's own tenant)."""
+
+
+class Awaiting(BaseModel):
+    """Who a parked run waits for (DESIGN §3: it knows why, for whom, and where it goes on)."""
+
+    tenant_id: str
+    role: str = APPROVER_ROLE
+    not_user: str | None = None
+    """The run's own user, where the tool wants four eyes: not theirs to approve."""
+
+
 class PendingApproval(BaseModel):
+    """Why the run waits (``reason``), where it goes on (the call), and for whom."""
+
     approval_id: str
     tool_call_id: str
     tool: str
     reason: str
+    awaiting: Awaiting | None = None
+    """None on runs parked before it was recorded."""
 
 
 class Outcome(BaseModel):

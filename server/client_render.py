@@ -124,6 +124,15 @@ class Renderer:
 
     # -- runs -------------------------------------------------------------------
 
+    def awaiting_lines(self, awaiting: JSON | None) -> list[str]:
+        if not awaiting:
+            return []
+        role, tenant = awaiting.get("role"), awaiting.get("tenant_id")
+        who = f"  for:     a user with the {role} role in {tenant}"
+        if awaiting.get("not_user"):
+            who += f", not {awaiting['not_user']}"
+        return [who]
+
     def approve_hint(self, run_id: str, approval_id: str) -> list[str]:
         return [
             f"  approve: {self.command} approve {run_id} {approval_id} --follow",
@@ -150,6 +159,7 @@ class Renderer:
                 f"{s['park']} {run_id} is waiting for a human: approval "
                 f"{pending.get('approval_id')} for {pending.get('tool')} {s['dash']} "
                 f"{pending.get('reason')}",
+                *self.awaiting_lines(pending.get("awaiting")),
                 *self.approve_hint(str(run_id), str(pending.get("approval_id"))),
             ]
         return [f"{s['other']} {run_id} is {state}; follow it with: {self.command} follow {run_id}"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-APPROVER: Final = "approver"
+from runtime.model import APPROVER_ROLE
+
+APPROVER: Final = APPROVER_ROLE
 """May decide the approvals of runs in the principal's tenant."""
 ADMIN: Final = "admin"
 """May cancel any run of the tenant, not only the principal's own."""

@@ -23,6 +23,17 @@ async def park(api: Api, **body: Any) -> dict[str, Any]:
 async def test_1_normal_run_reaches_succeeded_and_the_stream_shows_it(api: Api) -> None:
     parked = await park(api)
     run_id = parked["run_id"]
+    # It knows why it waits, where it goes on, and for whom: an approver of the tenant,
+    # not the user who started it (publishing wants four eyes).
+    waits = parked["pending_approval"]
+    assert waits["tool"] == "publish_report" and waits["reason"]
+    assert waits["awaiting"] == {
+        "tenant_id": "demo-retail",
+        "role": "approver",
+        "not_user": "u-ops-001",
+    }
+    [asked] = [e for e in await api.events(run_id) if e["type"] == "approval_request"]
+    assert asked["data"]["awaiting"] == waits["awaiting"]
     resp = await api.decide(run_id, parked["pending_approval"]["approval_id"], "approve")
     assert resp.status_code == 202
     final = await api.settle(run_id)

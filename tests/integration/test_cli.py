@@ -77,6 +77,7 @@ def test_follow_park_approve_and_audit(server: ServerProcess) -> None:
     assert re.match(r"\[  4\] executing +▶ query_sales \{", lines[4]), lines[4]
     assert f"approval {approval_id} needed: publish_report" in parked.stdout
     assert "waiting_human ● executing → waiting_human" in parked.stdout
+    assert "for:     a user with the approver role in local, not admin" in parked.stdout
     assert "→ handoff start retail_analyst → report_writer (depth 1): Write the report" in (
         parked.stdout
     )
