@@ -128,10 +128,11 @@ class RunCommands:
         if run is None:
             raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run_id}")
         if run.state in TERMINAL:
-            if run.outcome is not None and run.outcome.code is Code.RUN_CANCELLED:
-                return run
-            raise RuntimeProblem(Code.RUN_STATE_CONFLICT, f"run is already {run.state.value}")
-        await self.store.request_cancel(run_id, reason, compensate, requested_by)
+            return _cancelled(run)
+        if not await self.store.request_cancel(run_id, reason, compensate, requested_by):
+            ended = await self.store.get_run(run_id)  # it ended as we looked
+            assert ended is not None
+            return _cancelled(ended)
         self.on_cancel_notice(run_id)
         if run_id not in self.drives and self.renews_leases:
             # Nobody drives it (queued behind full workers, parked, or its worker died):
@@ -142,7 +143,11 @@ class RunCommands:
                 self.start_drive(run_id, version)
         self.wake()
         with contextlib.suppress(TimeoutError):
-            return await self._wait_terminal(run_id, wait_s if wait_s is not None else self.lease_s)
+            ended = await self._wait_terminal(
+                run_id, wait_s if wait_s is not None else self.lease_s
+            )
+            # It may have ended otherwise before the cancel reached it (succeeded, say).
+            return _cancelled(ended)
         final = await self.store.get_run(run_id)
         assert final is not None
         return final
@@ -222,3 +227,11 @@ class RunCommands:
             if len(page) < HISTORY_PAGE:
                 return None
             before = page[-1].config
+
+
+def _cancelled(run: Run) -> Run:
+    """An ended run as the answer to a cancel: itself if the cancel ended it (or an
+    earlier one did), a conflict if it ended otherwise."""
+    if run.outcome is not None and run.outcome.code is Code.RUN_CANCELLED:
+        return run
+    raise RuntimeProblem(Code.RUN_STATE_CONFLICT, f"run is already {run.state.value}")

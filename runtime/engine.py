@@ -224,17 +224,23 @@ class Engine(RunCommands):
                     raise
         except LeaseLost:
             how = "lease_lost"
-            log.warning("lost the lease on %s; another worker drives it now", run_id)
-            store.close_journal()
+            _lease_lost(store, run_id)
             return
         except asyncio.CancelledError:
             if run_id in self._cancelling:
                 how = "cancelled"
-                cancel = await asyncio.shield(store.cancel_requested(run_id))
-                reason, compensate = cancel or ("cancelled", False)
-                await asyncio.shield(
-                    finish_cancel(store, self._setting_of, run_id, reason, compensate, progress.cut)
-                )
+                try:
+                    cancel = await asyncio.shield(store.cancel_requested(run_id))
+                    reason, compensate = cancel or ("cancelled", False)
+                    await asyncio.shield(
+                        finish_cancel(
+                            store, self._setting_of, run_id, reason, compensate, progress.cut
+                        )
+                    )
+                except LeaseLost:  # stalled past the lease: the new holder finishes it
+                    how = "lease_lost"
+                    _lease_lost(store, run_id)
+                    return
             else:  # shutdown: hand the run to the next worker, from its checkpoint
                 how = "handed_back"
                 release = True
@@ -466,3 +472,8 @@ def _resume_payload(approval: Approval) -> dict[str, Any]:
         "comment": approval.comment,
         "decided_by": approval.decided_by,
     }
+
+
+def _lease_lost(store: RunStore, run_id: str) -> None:
+    log.warning("lost the lease on %s; another worker drives it now", run_id)
+    store.close_journal()

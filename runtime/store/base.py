@@ -25,6 +25,7 @@ from runtime.store.artifacts import ArtifactQueries
 from runtime.store.audit import AuditQueries
 from runtime.store.core import (
     CANCEL_CHANNEL,
+    ENDED,
     WORK_CHANNEL,
     LeaseLost,
     Row,
@@ -260,20 +261,24 @@ class RunStore(
 
     async def request_cancel(
         self, run_id: str, reason: str, compensate: bool, requested_by: str | None = None
-    ) -> None:
-        """Record the intent durably and wake whoever holds (or will claim) the run."""
+    ) -> bool:
+        """Record the intent durably and wake whoever holds (or will claim) the run;
+        False if the run has ended (it ended after the caller looked: nothing to stop)."""
         intent = {"reason": reason, "compensate": compensate, "requested_by": requested_by}
         async with self.tx() as tx:
             # An unowned run backing off after a failed drive is claimable at once: the
             # cancel must not wait for the retry.
-            await tx.execute(
+            got = await tx.fetchone(
                 "UPDATE runs SET cancel_requested = ?, needs_drive = 1, lease_expires_at = "
                 "CASE WHEN lease_owner IS NULL THEN NULL ELSE lease_expires_at END "
-                "WHERE run_id = ?",
+                f"WHERE run_id = ? AND NOT {ENDED} RETURNING run_id",
                 (_enc(intent), run_id),
             )
+            if got is None:
+                return False
             await self._announce(tx, CANCEL_CHANNEL, run_id)
             await self._announce(tx, WORK_CHANNEL, run_id)
+        return True
 
     async def cancel_requested(self, run_id: str) -> tuple[str, bool] | None:
         """(reason, compensate) if a cancel was asked for; the reason names who asked."""

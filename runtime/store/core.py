@@ -18,7 +18,7 @@ from typing import Any, Protocol, Self
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
-from runtime.lifecycle import State, Trigger, transition
+from runtime.lifecycle import TERMINAL, State, Trigger, transition
 from runtime.model import Event, utcnow
 from runtime.store.journal import Journal, PendingTransition
 from runtime.store.schema import MIGRATIONS
@@ -119,6 +119,10 @@ def decode_cursor(cursor: str, parts: int = 2, *, kind: str | None = None) -> li
     if len(fields) != parts or "\x00" in decoded:
         raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
     return fields
+
+
+ENDED = "state IN ({})".format(", ".join(f"'{state.value}'" for state in sorted(TERMINAL)))
+"""SQL: the run has ended (its state is terminal)."""
 
 
 class LeaseLost(Exception):
@@ -520,12 +524,12 @@ class StoreCore(ABC):
     ) -> Row:
         """Fire ``trigger``: one locked read of the run, one update that also counts the
         events' seqs and returns the new row, one insert of the events. A run found in
-        ``done_in`` is left as it is."""
+        ``done_in``, or past it in a terminal state, is left as it is."""
         row = await self._lock_run(tx, run_id, "state")
         if row is None:
             raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
         current = State(row["state"])
-        if current is done_in:
+        if done_in is not None and (current is done_in or current in TERMINAL):
             return row
         if expect is not None and current is not expect:
             raise RuntimeProblem(

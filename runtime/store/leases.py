@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from runtime.store.core import CANCEL_CHANNEL, EVENTS_CHANNEL, WORK_CHANNEL, StoreCore
+from runtime.store.core import CANCEL_CHANNEL, ENDED, EVENTS_CHANNEL, WORK_CHANNEL, StoreCore
 
 __all__ = ["CANCEL_CHANNEL", "EVENTS_CHANNEL", "WORK_CHANNEL", "LeaseQueries"]
 
@@ -132,8 +132,11 @@ class LeaseQueries(StoreCore):
             )
             params += [retry_in, failures]
             needs_drive = True
+        # A run that has ended needs no driving, whatever a late cancel or decision set:
+        # kept, the flag would have workers claim it again and again, for ever.
+        keep = "needs_drive" if needs_drive is None else "?"
+        sets += f", needs_drive = CASE WHEN {ENDED} THEN 0 ELSE {keep} END"
         if needs_drive is not None:
-            sets += ", needs_drive = ?"
             params.append(int(needs_drive))
         got = await self.write_once(
             f"UPDATE runs SET {sets} WHERE run_id = ? AND lease_owner = ? "

@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
-from runtime.lifecycle import TRANSITIONS, State, Trigger
+from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger
 from runtime.store.base import Row, Tx
 from runtime.store.core import EVENTS_CHANNEL, LeaseLost, _enc, _transition_changes, _ts, event_row
 from runtime.store.journal import PendingTransition
@@ -234,9 +234,9 @@ class PostgresRunStore(PgSingleStatements):
 
     async def _explain_unchanged(self, change: PendingTransition) -> None:
         """A deferred change's statement changed nothing: it was committed already by a
-        write cancelled as it committed (fine), or the lease is gone (then the statement
-        after it, fenced too, wrote nothing), or the state moved under a lease we hold:
-        a bug, said loudly."""
+        write cancelled as it committed (fine; and so may the writes after it have been,
+        up to the run's end), or the lease is gone (then the statement after it, fenced
+        too, wrote nothing), or the state moved under a lease we hold: a bug, said loudly."""
         async with self._read() as tx:
             row = await tx.fetchone(
                 "SELECT state, lease_version FROM runs WHERE run_id = ?", (change.run_id,)
@@ -245,7 +245,7 @@ class PostgresRunStore(PgSingleStatements):
             raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {change.run_id} not found")
         if self._fence is not None and int(row["lease_version"]) != self._fence[1]:
             raise LeaseLost(f"lease {self._fence[1]} on {change.run_id} is no longer held")
-        if row["state"] != change.target.value:
+        if row["state"] != change.target.value and State(row["state"]) not in TERMINAL:
             raise RuntimeProblem(
                 Code.RUN_STATE_CONFLICT, f"run is {row['state']}, not {change.expect.value}"
             )

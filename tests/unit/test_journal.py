@@ -269,3 +269,26 @@ async def test_a_timer_that_keeps_failing_backs_off(
     assert len(attempts) <= 25, gaps  # every 5 ms would be ~80
     assert len(stale_journal.pending) == 1
     assert await state_of(store, run.run_id) is State.PENDING
+
+
+@pytest.mark.usefixtures("slow_flush")
+async def test_a_deferred_change_the_run_has_gone_past_to_its_end_is_dropped(
+    backend: object, make_run: MakeRun
+) -> None:
+    """The write that carried it was cancelled as it committed, and the drive went on
+    to the run's end (a cancel notice cut the drive off as its success committed): put
+    back, the change is no longer the run's; writing it raised a conflict, a traceback
+    in place of the cancel's own handling."""
+    store = store_of(backend)
+    run = await make_run(store)
+    view = await started(store, run.run_id)
+    for trigger, expect in (
+        (Trigger.START, State.PENDING),
+        (Trigger.PLAN_READY, State.PLANNING),
+        (Trigger.DONE, State.EXECUTING),
+    ):
+        await store.transition(run.run_id, trigger, expect=expect)
+
+    await view.flush()
+
+    assert await state_of(store, run.run_id) is State.SUCCEEDED

@@ -12,7 +12,7 @@ import pytest
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
-from runtime.lifecycle import State
+from runtime.lifecycle import State, Trigger
 from runtime.model import Approval, utcnow
 from runtime.store.base import RunStore
 from runtime.store.sqlite import SqliteRunStore
@@ -392,3 +392,23 @@ async def test_a_failed_drive_is_claimable_again_only_after_its_backoff(
     [(_, fifth)] = await store.claim_runs("w4", 10, 30.0)
     await store.release_lease(run_id, "w4", fifth, needs_drive=None, retry_in=60, failures=3)
     assert [r for r, _ in await store.claim_runs("w5", 10, 30.0)] == [run_id]
+
+
+async def test_an_ended_run_takes_no_cancel_and_is_never_claimed_again(
+    backend: object, make_run: MakeRun
+) -> None:
+    """A cancel that found the run live and wrote after it ended flagged it for driving;
+    each drive found it ended and gave it back still flagged, so workers claimed it
+    again and again, for ever (a probe saw lease version 5,303)."""
+    store = store_of(backend)
+    run = await make_run(store)
+    await store.transition(run.run_id, Trigger.START, expect=State.PENDING)
+    await store.transition(run.run_id, Trigger.PLAN_READY, expect=State.PLANNING)
+    [(run_id, version)] = await store.claim_runs("w1", 1, 30.0)
+    assert await store.request_cancel(run_id, "late", compensate=False)  # still live
+    await store.transition(run_id, Trigger.DONE, expect=State.EXECUTING)
+
+    assert await store.release_lease(run_id, "w1", version, needs_drive=None) is False
+    assert await store.claim_runs("w2", 1, 30.0) == []
+    assert not await store.request_cancel(run_id, "later", compensate=False)
+    assert await store.claim_runs("w2", 1, 30.0) == []
