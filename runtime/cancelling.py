@@ -175,6 +175,8 @@ async def compensate_effects(store: RunStore, setting: CallSetting, run: Run) ->
                 dedupe_key=f"compensation-failed:{row.tool_call_id}",
             )
             continue
-        await store.release_compensation(row.tool_call_id, done=True)
+        # Shielded: done, it must say so, or a second pass of this drive would skip it
+        # (the claim is this lease's) and leave it off the outcome.
+        await asyncio.shield(store.release_compensation(row.tool_call_id, done=True))
         done.append(row.tool_call_id)
     return done

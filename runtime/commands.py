@@ -150,7 +150,7 @@ class RunCommands:
             return _cancelled(ended)
         final = await self.store.get_run(run_id)
         assert final is not None
-        return final
+        return _cancelled(final) if final.state in TERMINAL else final
 
     def on_cancel_notice(self, run_id: str) -> None:
         """A cancel was requested (here or in another process): stop our drive of it."""

@@ -241,6 +241,11 @@ class Engine(RunCommands):
                     how = "lease_lost"
                     _lease_lost(store, run_id)
                     return
+                except Exception as exc:  # a database blip, say: the next drive finishes it
+                    how = "db_error" if isinstance(exc, TRANSIENT_DB_ERRORS) else "failed"
+                    log.exception("could not finish the cancel of %s; handing it back", run_id)
+                    failures = None if failures is None else failures + 1
+                    retry_in = self.retry.delay(failures or 1)
             else:  # shutdown: hand the run to the next worker, from its checkpoint
                 how = "handed_back"
                 release = True
@@ -269,15 +274,21 @@ class Engine(RunCommands):
         finally:
             self._cancelling.discard(run_id)
             self.metrics.inc("drives_ended_total", how=how)
-        await asyncio.shield(_flush_quietly(store))
-        await asyncio.shield(self._release(run_id, version, release, retry_in, failures))
+        try:
+            await asyncio.shield(_flush_quietly(store))
+        finally:  # a cancel notice landing here must not keep the lease from its release
+            await asyncio.shield(self._release(run_id, version, release, retry_in, failures))
 
     async def _checkpointed_values(self, run: Run) -> Mapping[str, Any]:
         """The graph values of the run's last checkpoint (none for a run never driven)."""
         graph = self.graphs.get(run.agent_id)
         if graph is None or run.state in (State.PENDING, *TERMINAL):
             return {}
-        snapshot = await graph.aget_state({"configurable": {"thread_id": run.run_id}})
+        try:
+            snapshot = await graph.aget_state({"configurable": {"thread_id": run.run_id}})
+        except Exception:  # only the usage it ends with is less exact: the cancel goes on
+            log.warning("could not read the checkpoint of %s to cancel it", run.run_id)
+            return {}
         return snapshot.values or {}
 
     async def _record_takeover(self, store: RunStore, found: DriveStart, version: int) -> None:

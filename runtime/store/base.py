@@ -263,19 +263,26 @@ class RunStore(
         self, run_id: str, reason: str, compensate: bool, requested_by: str | None = None
     ) -> bool:
         """Record the intent durably and wake whoever holds (or will claim) the run;
-        False if the run has ended (it ended after the caller looked: nothing to stop)."""
+        False if the run has ended (it ended after the caller looked: nothing to stop).
+
+        A second cancel before the first is carried out keeps the first's reason and
+        requester, and asks for compensation if either did."""
         intent = {"reason": reason, "compensate": compensate, "requested_by": requested_by}
         async with self.tx() as tx:
+            row = await self._lock_run(tx, run_id, f"{ENDED} AS ended, cancel_requested")
+            if row is None or row["ended"]:
+                return False
+            if row["cancel_requested"] is not None:
+                first = json.loads(row["cancel_requested"])
+                intent = {**first, "compensate": bool(first["compensate"]) or compensate}
             # An unowned run backing off after a failed drive is claimable at once: the
             # cancel must not wait for the retry.
-            got = await tx.fetchone(
+            await tx.execute(
                 "UPDATE runs SET cancel_requested = ?, needs_drive = 1, lease_expires_at = "
                 "CASE WHEN lease_owner IS NULL THEN NULL ELSE lease_expires_at END "
-                f"WHERE run_id = ? AND NOT {ENDED} RETURNING run_id",
+                "WHERE run_id = ?",
                 (_enc(intent), run_id),
             )
-            if got is None:
-                return False
             await self._announce(tx, CANCEL_CHANNEL, run_id)
             await self._announce(tx, WORK_CHANNEL, run_id)
         return True

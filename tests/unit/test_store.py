@@ -412,3 +412,27 @@ async def test_an_ended_run_takes_no_cancel_and_is_never_claimed_again(
     assert await store.claim_runs("w2", 1, 30.0) == []
     assert not await store.request_cancel(run_id, "later", compensate=False)
     assert await store.claim_runs("w2", 1, 30.0) == []
+
+    # Handed back at shutdown (needs_drive=True) after its graph had ended: the same.
+    other = await make_run(store)
+    [(other_id, version)] = await store.claim_runs("w1", 1, 30.0)
+    assert other_id == other.run_id
+    for trigger, expect in (
+        (Trigger.START, State.PENDING),
+        (Trigger.PLAN_READY, State.PLANNING),
+        (Trigger.DONE, State.EXECUTING),
+    ):
+        await store.transition(other_id, trigger, expect=expect)
+    assert await store.release_lease(other_id, "w1", version, needs_drive=True) is False
+    assert await store.claim_runs("w2", 1, 30.0) == []
+
+
+async def test_a_second_cancel_keeps_the_first_and_adds_compensation(
+    backend: object, make_run: MakeRun
+) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+    assert await store.request_cancel(run.run_id, "stop", compensate=False, requested_by="u1")
+    assert await store.request_cancel(run.run_id, "halt", compensate=True, requested_by="adm")
+    assert await store.request_cancel(run.run_id, "again", compensate=False, requested_by="u2")
+    assert await store.cancel_requested(run.run_id) == ("stop (requested by u1)", True)
