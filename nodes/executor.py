@@ -105,8 +105,13 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
                 # if that re-run itself was cut short, its outcome is unknown anew.
                 current = await ctx.store.get_tool_call(row.tool_call_id)
                 if current is not None and current.status == "unknown":
+                    # The log shows it run again: a second action, answered by a result.
                     await ctx.store.update_tool_call(
-                        row.tool_call_id, from_status=("unknown",), status="running", error=None
+                        row.tool_call_id,
+                        from_status=("unknown",),
+                        status="running",
+                        error=None,
+                        action={**action, "rerun": True},
                     )
                     rerun = True
                 elif current is not None and current.status == "running":

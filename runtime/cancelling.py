@@ -68,6 +68,8 @@ async def finish_cancel(
     charged = await cut_off_usage(store, run, cut or CutOff({}))
     await settle_running_calls(store, setting, run, Code.RUN_CANCELLED, CUT_OFF)
     await store.interrupt_running_calls(run_id, Code.RUN_CANCELLED, CUT_OFF)
+    # A second cancel may have asked for compensation since the drive read the first.
+    compensate = compensate or bool((await store.cancel_requested(run_id) or ("", False))[1])
     compensated = await compensate_effects(store, setting, run) if compensate else None
     await fail_run(
         store,
@@ -97,6 +99,10 @@ async def cut_off_usage(store: RunStore, run: Run, cut: CutOff) -> dict[str, Any
     usage = Usage.model_validate(cut.values["usage"]) if cut.values.get("usage") else run.usage
     if cut.active_s is not None:
         usage = usage.model_copy(update={"active_s": cut.active_s})
+    # A planner records its step before its node returns the count: cut in between,
+    # the step is on the record and not in the usage.
+    steps = max(usage.steps, await store.count_steps(run.run_id))
+    usage = usage.model_copy(update={"steps": steps})
     calls = list(cut.values.get("calls") or [])
     if calls:
         rows = {row.tool_call_id: row for row in await store.list_tool_calls(run.run_id)}

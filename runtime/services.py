@@ -66,6 +66,7 @@ class NodeStore(Protocol):
         *,
         result: dict[str, Any] | None = None,
         from_status: Sequence[str] = ("running",),
+        action: dict[str, Any] | None = None,
         **fields: Any,
     ) -> ToolCall: ...
 

@@ -201,11 +201,12 @@ class PgSingleStatements(RunStore):
         *,
         result: dict[str, Any] | None = None,
         from_status: Any = ("running",),
+        action: dict[str, Any] | None = None,
         **fields: Any,
     ) -> ToolCall:
-        if self._fence is None or result is None:
+        if self._fence is None or result is None or action is not None:
             return await super().update_tool_call(
-                tool_call_id, result=result, from_status=from_status, **fields
+                tool_call_id, result=result, from_status=from_status, action=action, **fields
             )
         run_id, version = self._fence
         fields["updated_at"] = _ts()

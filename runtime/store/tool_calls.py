@@ -75,9 +75,11 @@ class ToolCallQueries(StoreCore):
         *,
         result: dict[str, Any] | None = None,
         from_status: Sequence[str] = ("running",),
+        action: dict[str, Any] | None = None,
         **fields: Any,
     ) -> ToolCall:
-        """Move a ledger row on (compare-and-set on its status), with its result event."""
+        """Move a ledger row on (compare-and-set on its status), with its result event,
+        or with an action event (a call run again)."""
         fields["updated_at"] = _ts()
         sets = ", ".join(f"{k} = ?" for k in fields)
         statuses = ", ".join("?" for _ in from_status)
@@ -87,6 +89,8 @@ class ToolCallQueries(StoreCore):
                 f"AND status IN ({statuses}) RETURNING *",
                 [*(_enc(v) for v in fields.values()), tool_call_id, *from_status],
             )
+            if row is not None and action is not None:
+                await self._append(tx, row["run_id"], EventType.ACTION, action)
             if row is not None and result is not None:
                 await self._append(tx, row["run_id"], EventType.RESULT, result)
         if row is None:
@@ -114,12 +118,13 @@ class ToolCallQueries(StoreCore):
         """Close the ledger rows a stopped run leaves ``running``: their effect is unknown."""
         for row in await self.list_tool_calls(run_id):
             if row.status == "running":
-                cancelled = row.model_copy(update={"status": "cancelled"})
+                error = {"code": code, "message": message}
+                cancelled = row.model_copy(update={"status": "cancelled", "error": error})
                 await self.update_tool_call(
                     row.tool_call_id,
                     result=result_event(cancelled),
                     status="cancelled",
-                    error={"code": code, "message": message},
+                    error=error,
                 )
 
     async def claim_compensation(self, tool_call_id: str) -> bool:

@@ -151,6 +151,14 @@ async def test_a_run_out_of_time_keeps_what_it_spent(api: Api) -> None:
     # Two steps planned, counter charged by its executor, sleep cut off while running.
     assert final["usage"]["steps"] == 2 and final["usage"]["tool_calls"] == 2
     assert final["usage"]["active_s"] >= 0.5
+    # The log says why the sleep stopped, as its ledger row does.
+    [cut] = [c for c in calls if c["tool"] == "sleep"]
+    [result] = [
+        e["data"]
+        for e in await api.events(run["run_id"])
+        if e["type"] == "result" and e["data"]["tool_call_id"] == cut["tool_call_id"]
+    ]
+    assert result["error"] == cut["error"] and cut["error"]["code"] == "RUN_BUDGET_EXCEEDED"
 
 
 async def test_a_publish_cut_off_in_its_thread_never_lands_behind_the_record(api: Api) -> None:

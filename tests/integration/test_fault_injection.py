@@ -84,5 +84,18 @@ def test_unknown_outcome_of_a_non_idempotent_call_goes_to_a_human(
         )
         server.follow(run_id, state_is("succeeded", "failed"))
         final = http.get(f"/runs/{run_id}").json()
+        events = http.get(f"/runs/{run_id}/events", headers={"Accept": "application/json"})
     assert final["state"] == "succeeded", final
     assert len(counter_lines(server.data_dir)) == 1
+    # The log pairs each run of the call with its result: run again, a second action.
+    counted = [
+        (e["type"], e["data"].get("status"), e["data"].get("rerun"))
+        for e in events.json()
+        if e["type"] in ("action", "result") and e["data"]["tool"] == "counter"
+    ]
+    ran_again = [("action", None, True), ("result", "succeeded", None)]
+    assert counted == [
+        ("action", None, None),
+        ("result", "unknown", None),
+        *(ran_again if decision == "approve" else []),
+    ]

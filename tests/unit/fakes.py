@@ -209,6 +209,7 @@ class FakeStore:
         *,
         result: dict[str, Any] | None = None,
         from_status: Sequence[str] = ("running",),
+        action: dict[str, Any] | None = None,
         **fields: Any,
     ) -> ToolCall:
         row = self.tool_calls.get(tool_call_id)
@@ -221,6 +222,8 @@ class FakeStore:
             {**row.model_dump(mode="json"), **_json(fields), "updated_at": utcnow()}
         )
         self.tool_calls[tool_call_id] = moved
+        if action is not None:
+            self._append(moved.run_id, EventType.ACTION, action)
         if result is not None:
             self._append(moved.run_id, EventType.RESULT, result)
         return _stored(moved)

@@ -10,10 +10,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from runtime.adapter import fail_run
-from runtime.cancelling import CallSetting, finish_cancel
+from runtime.cancelling import CallSetting, CutOff, cut_off_usage, finish_cancel
 from runtime.errors import Code
 from runtime.lifecycle import State
-from runtime.model import Run
+from runtime.model import Decision, Run, Step, ToolCall, Usage, utcnow
 from runtime.store.base import RunStore
 from runtime.tooling import ToolContext, ToolSpec
 from tests.unit.conftest import MakeRun
@@ -74,6 +74,19 @@ async def test_a_cancel_racing_an_approval_still_ends_cancelled(
     assert errors == ["RUN_CANCELLED"]
 
 
+async def leased_with_an_effect(
+    store: RunStore, make_run: MakeRun
+) -> tuple[Run, RunStore, ToolCall]:
+    """A run under a drive's lease (its view) whose one side effect has succeeded."""
+    run = await make_run(store, state=State.EXECUTING)
+    version = await store.take_lease(run.run_id, "w1", 30.0)
+    assert version is not None
+    view = store.fenced(run.run_id, version)
+    row, _ = await view.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+    await view.update_tool_call(row.tool_call_id, result=None, status="succeeded")
+    return run, view, row
+
+
 async def test_a_compensation_cut_short_runs_again_in_the_same_drive(
     backend: object, make_run: MakeRun
 ) -> None:
@@ -81,12 +94,7 @@ async def test_a_compensation_cut_short_runs_again_in_the_same_drive(
     the cancel again (its CancelledError path): its claim, one per lease, had kept the
     compensation from running a second time, and the run ended uncompensated."""
     store = store_of(backend)
-    run = await make_run(store, state=State.EXECUTING)
-    version = await store.take_lease(run.run_id, "w1", 30.0)
-    assert version is not None
-    view = store.fenced(run.run_id, version)
-    row, _ = await view.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
-    await view.update_tool_call(row.tool_call_id, result=None, status="succeeded")
+    run, view, row = await leased_with_an_effect(store, make_run)
     undone: list[str] = []
     entered = asyncio.Event()
 
@@ -112,3 +120,50 @@ async def test_a_compensation_cut_short_runs_again_in_the_same_drive(
     assert final.outcome.compensations == [row.tool_call_id]
     assert undone == [row.idempotency_key]
     assert (await store.get_tool_call(row.tool_call_id)).compensated  # type: ignore[union-attr]
+
+
+async def test_a_step_recorded_before_the_cut_is_in_the_usage(
+    backend: object, make_run: MakeRun
+) -> None:
+    """The planner records its step, then its node returns the count: a cut in between
+    left the step on the record and out of the usage."""
+    store = store_of(backend)
+    run = await make_run(store)
+    await store.record_step(
+        Step(
+            run_id=run.run_id,
+            step_index=0,
+            decision=Decision(kind="finish", answer="x"),
+            started_at=utcnow(),
+        )
+    )
+    before = {"usage": Usage(steps=0, active_s=1.5).model_dump()}
+
+    charged = await cut_off_usage(store, run, CutOff(before, active_s=2.0))
+
+    assert charged["steps"] == 1 and charged["active_s"] == 2.0
+
+
+async def test_compensation_asked_by_a_second_cancel_is_done(
+    backend: object, make_run: MakeRun
+) -> None:
+    """The drive read the first cancel's intent (no compensation); a second cancel asked
+    for it before the drive got there: it was merged in the store and never done."""
+    store = store_of(backend)
+    run, view, row = await leased_with_an_effect(store, make_run)
+    undone: list[str] = []
+
+    async def undo(args: BaseModel, output: object, ctx: ToolContext) -> None:
+        undone.append(ctx.idempotency_key)
+
+    spec = ToolSpec("noop", "1", "noop", NoArgs, noop, side_effect=True, compensate=undo)
+    setting = CallSetting(ToolRegistry([spec]))
+    assert await store.request_cancel(run.run_id, "stop", compensate=False)
+    reason, compensate = await view.cancel_requested(run.run_id) or ("", True)
+    assert await store.request_cancel(run.run_id, "and undo it", compensate=True)
+
+    await finish_cancel(view, lambda _: setting, run.run_id, reason, compensate)
+
+    final = await store.get_run(run.run_id)
+    assert final is not None and final.outcome is not None
+    assert final.outcome.compensations == [row.tool_call_id] and undone == [row.idempotency_key]
