@@ -22,7 +22,7 @@ from langgraph.runtime import Runtime
 from nodes.finish import refusal, terminal_problems
 from runtime import ids
 from runtime.context import Context, services
-from runtime.errors import CODES, Code
+from runtime.errors import Code, Recovery
 from runtime.events import EventType, summarize
 from runtime.model import Decision
 from runtime.planner import handoff_tool
@@ -116,7 +116,7 @@ def make_handoff_node(targets: Mapping[str, set[str]], root: str) -> NodeFn:
                     "code": code,
                     "message": message,
                     "handoff_id": hid,
-                    "recovery": CODES[Code.TOOL_NOT_FOUND].recovery,
+                    "recovery": Recovery.REPLAN,  # sent back to the planner, as a bad call is
                 },
                 dedupe_key=f"error:{hid}",
             )

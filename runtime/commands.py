@@ -186,22 +186,29 @@ class RunCommands:
         values = snapshot.values or {}
         step = values.get("step_index", 0)
         memory_version = values.get("memory_version", 0)
-        return {
+        stack = list(values.get("handoff_stack", []))
+        ended = run.state in TERMINAL
+        view: dict[str, Any] = {
             "run_id": run.run_id,
             "state": run.state.value,
             "step_index": step,
             "checkpoint_id": (snapshot.config or {}).get("configurable", {}).get("checkpoint_id"),
-            "next": list(snapshot.next),
+            # An ended run goes on nowhere; a run ended from outside its graph (a cancel,
+            # its time budget) or inside a sub-agent keeps the graph's last word on it.
+            "next": [] if ended else list(snapshot.next),
             "planner_context_ref": f"mem://{run.run_id}/planner-v{step}",
             "planner_context_url": f"/runs/{run.run_id}/planner-context/{step}",
             "tool_calls": list(values.get("tool_calls", [])),
             "memory_snapshot": f"memory://{run.run_id}/v{memory_version}",
-            "handoff_stack": list(values.get("handoff_stack", [])),
+            "handoff_stack": [] if ended else stack,
             "pending_approval": (
                 run.pending_approval.model_dump(mode="json") if run.pending_approval else None
             ),
-            "budget": values.get("usage") or {},
+            "budget": run.usage.model_dump() if ended else values.get("usage") or {},
         }
+        if ended and stack:
+            view["ended_inside"] = stack  # the handoffs its end answered (its log has them)
+        return view
 
     async def state_before_planning(self, run: Run, step: int) -> dict[str, Any] | None:
         """The graph state the planner was handed to decide step ``step`` (from the

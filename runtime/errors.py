@@ -2,7 +2,9 @@
 
 Each code says what kind of recovery it calls for, which lifecycle trigger a
 run failing with it fires, and which HTTP status it maps to when an API call
-is refused with it.
+is refused with it. An ``error`` event's own ``recovery`` says what the runtime
+did: where it sent the problem back to the planner (a policy denial whose tool
+says replan, a handoff to an agent it does not know) that is ``replan``.
 """
 
 from __future__ import annotations

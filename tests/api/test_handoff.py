@@ -153,9 +153,10 @@ async def test_budget_is_shared_with_the_sub_agent(api: Api) -> None:
     assert by_steps["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
     assert "max_steps 3" in by_steps["outcome"]["message"]
     assert by_steps["usage"]["steps"] == 3
-    # It ran out inside the sub-agent: the frame is still on the stack in the checkpoint.
+    # It ran out inside the sub-agent: the view says where it ended, nothing in progress.
     cp = await checkpoint(api, steps["run_id"])
-    assert [f["agent_id"] for f in cp["handoff_stack"]] == ["slow_worker"]
+    assert cp["handoff_stack"] == []
+    assert [f["agent_id"] for f in cp["ended_inside"]] == ["slow_worker"]
 
     by_calls = await api.settle(calls["run_id"])
     assert by_calls["state"] == "failed" and by_calls["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
@@ -210,6 +211,10 @@ async def test_rejection_inside_the_sub_agent_fails_the_run(api: Api) -> None:
     assert (back["status"], back["error"]["code"]) == ("failed", "APPROVAL_REJECTED")
     assert states(events)[-2:] == ["waiting_human", "failed"]
     assert count_outbox(api.settings.resolved_demo_db) == 0
+    # The checkpoint view no longer shows the handoff in progress: it ended inside it.
+    cp = await checkpoint(api, run["run_id"])
+    assert cp["handoff_stack"] == [] and cp["next"] == []
+    assert [f["agent_id"] for f in cp["ended_inside"]] == ["report_writer"]
 
 
 async def test_report_writer_runs_on_its_own(api: Api) -> None:
@@ -258,6 +263,11 @@ async def test_cancel_inside_the_sub_agent_compensates_its_side_effects(api: Api
     assert (start["type"], back["type"]) == ("action", "result")
     assert back["data"]["tool_call_id"] == start["data"]["tool_call_id"]
     assert (back["data"]["status"], back["data"]["error"]["code"]) == ("cancelled", "RUN_CANCELLED")
+    # Cut off from outside the graph: the view says where, and the final budget.
+    cp = await checkpoint(api, run_id)
+    assert cp["handoff_stack"] == [] and cp["next"] == []
+    assert [f["agent_id"] for f in cp["ended_inside"]] == ["slow_worker"]
+    assert cp["budget"] == final["usage"]
     assert back["data"]["handoff"]["from_agent"] == "slow_worker"
     actions = {e["data"]["tool_call_id"] for e in events if e["type"] == "action"}
     results = {e["data"]["tool_call_id"] for e in events if e["type"] == "result"}
