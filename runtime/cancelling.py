@@ -68,8 +68,9 @@ async def finish_cancel(
     charged = await cut_off_usage(store, run, cut or CutOff({}))
     await settle_running_calls(store, setting, run, Code.RUN_CANCELLED, CUT_OFF)
     await store.interrupt_running_calls(run_id, Code.RUN_CANCELLED, CUT_OFF)
-    # A second cancel may have asked for compensation since the drive read the first.
-    compensate = compensate or bool((await store.cancel_requested(run_id) or ("", False))[1])
+    # A second cancel may have asked for compensation since the drive read the first;
+    # from here on one asking for it is refused (the decision is taken).
+    compensate = compensate or bool((await store.seal_cancel(run_id) or ("", False))[1])
     compensated = await compensate_effects(store, setting, run) if compensate else None
     await fail_run(
         store,

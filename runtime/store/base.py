@@ -266,7 +266,9 @@ class RunStore(
         False if the run has ended (it ended after the caller looked: nothing to stop).
 
         A second cancel before the first is carried out keeps the first's reason and
-        requester, and asks for compensation if either did."""
+        requester, and asks for compensation if either did; once the drive carrying it
+        out has decided not to compensate (:meth:`seal_cancel`), asking for it is a
+        conflict rather than a request accepted and never done."""
         intent = {"reason": reason, "compensate": compensate, "requested_by": requested_by}
         async with self.tx() as tx:
             row = await self._lock_run(tx, run_id, f"{ENDED} AS ended, cancel_requested")
@@ -274,6 +276,11 @@ class RunStore(
                 return False
             if row["cancel_requested"] is not None:
                 first = json.loads(row["cancel_requested"])
+                if first.get("sealed") and compensate and not first["compensate"]:
+                    raise RuntimeProblem(
+                        Code.RUN_STATE_CONFLICT,
+                        "the run is being cancelled without compensation already",
+                    )
                 intent = {**first, "compensate": bool(first["compensate"]) or compensate}
             # An unowned run backing off after a failed drive is claimable at once: the
             # cancel must not wait for the retry.
@@ -286,6 +293,19 @@ class RunStore(
             await self._announce(tx, CANCEL_CHANNEL, run_id)
             await self._announce(tx, WORK_CHANNEL, run_id)
         return True
+
+    async def seal_cancel(self, run_id: str) -> tuple[str, bool] | None:
+        """The cancel intent as the drive carrying it out decides on it: (reason,
+        compensate), from now on fixed (see :meth:`request_cancel`)."""
+        async with self.tx() as tx:
+            row = await self._lock_run(tx, run_id, "cancel_requested")
+            if row is None or row["cancel_requested"] is None:
+                return None
+            intent = {**json.loads(row["cancel_requested"]), "sealed": True}
+            await tx.execute(
+                "UPDATE runs SET cancel_requested = ? WHERE run_id = ?", (_enc(intent), run_id)
+            )
+        return _cancel_intent(_enc(intent))
 
     async def cancel_requested(self, run_id: str) -> tuple[str, bool] | None:
         """(reason, compensate) if a cancel was asked for; the reason names who asked."""

@@ -427,12 +427,22 @@ async def test_an_ended_run_takes_no_cancel_and_is_never_claimed_again(
     assert await store.claim_runs("w2", 1, 30.0) == []
 
 
-async def test_a_second_cancel_keeps_the_first_and_adds_compensation(
+async def test_a_second_cancel_adds_compensation_until_the_drive_decides(
     backend: object, make_run: MakeRun
 ) -> None:
+    """Asked after the drive had decided against it, compensation was accepted and never
+    done: it is refused now."""
     store = store_of(backend)
-    run = await make_run(store)
-    assert await store.request_cancel(run.run_id, "stop", compensate=False, requested_by="u1")
-    assert await store.request_cancel(run.run_id, "halt", compensate=True, requested_by="adm")
-    assert await store.request_cancel(run.run_id, "again", compensate=False, requested_by="u2")
-    assert await store.cancel_requested(run.run_id) == ("stop (requested by u1)", True)
+    first, decided = await make_run(store), await make_run(store)
+    for run in (first, decided):
+        assert await store.request_cancel(run.run_id, "stop", compensate=False, requested_by="u1")
+    assert await store.seal_cancel(decided.run_id) == ("stop (requested by u1)", False)
+
+    assert await store.request_cancel(first.run_id, "halt", compensate=True, requested_by="adm")
+    assert await store.request_cancel(first.run_id, "again", compensate=False)
+    assert await store.cancel_requested(first.run_id) == ("stop (requested by u1)", True)
+    with pytest.raises(RuntimeProblem) as refused:
+        await store.request_cancel(decided.run_id, "undo", compensate=True, requested_by="adm")
+    assert refused.value.code is Code.RUN_STATE_CONFLICT
+    assert await store.request_cancel(decided.run_id, "again", compensate=False)
+    assert await store.cancel_requested(decided.run_id) == ("stop (requested by u1)", False)
