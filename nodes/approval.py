@@ -18,8 +18,8 @@ from runtime import ids
 from runtime.context import Context, services
 from runtime.errors import Code
 from runtime.events import summarize
-from runtime.model import Approval, ApprovalDecision, Awaiting, RunContext, utcnow
-from runtime.state import RunState, failed
+from runtime.model import Approval, ApprovalDecision, Awaiting, utcnow
+from runtime.state import RunState, failed, run_context
 from runtime.tooling import ToolResolver
 
 NodeFn = Any
@@ -42,7 +42,7 @@ def parse_decision(answer: Any) -> tuple[ApprovalDecision, str | None, str]:
 def make_approval_node(tools: ToolResolver) -> NodeFn:
     async def approval_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
         ctx = await services(runtime, state)
-        context = RunContext.model_validate(state.get("context") or {})
+        context = run_context(state)
         rejected: list[dict[str, Any]] = []
         for call in state.get("calls", []):
             if not call["needs_approval"]:

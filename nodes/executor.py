@@ -14,8 +14,8 @@ from runtime.events import summarize
 from runtime.ids import call_approval_id
 from runtime.ledger import StoreArtifacts, execute_once, new_ledger_row
 from runtime.memory import Memory
-from runtime.model import RunContext, ToolCall, Usage
-from runtime.state import RunState, failed
+from runtime.model import ToolCall, Usage
+from runtime.state import RunState, failed, run_context
 from runtime.tooling import ToolContext, ToolResolver
 
 NodeFn = Any
@@ -57,7 +57,7 @@ def resolution_call(call: dict[str, Any], row: ToolCall) -> dict[str, Any]:
 def make_executor_node(tools: ToolResolver) -> NodeFn:
     async def executor_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
         ctx = await services(runtime, state)
-        context = RunContext.model_validate(state.get("context") or {})
+        context = run_context(state)
         artifacts = StoreArtifacts(ctx.store, ctx.run_id)
         memory = None
         if runtime.store is not None:

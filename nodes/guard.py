@@ -17,9 +17,9 @@ from runtime.budget import before_tools, limits_from
 from runtime.context import Context, services
 from runtime.errors import CODES, Code, Recovery
 from runtime.events import EventType
-from runtime.model import Decision, RunContext, Usage
+from runtime.model import Decision, Usage
 from runtime.policy import Policy
-from runtime.state import RunState, failed
+from runtime.state import RunState, failed, run_context
 from runtime.tooling import ToolResolver
 
 NodeFn = Any
@@ -36,7 +36,7 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
         ctx = await services(runtime, state)
         decision = Decision.model_validate(state["decision"])
         step = state["step_index"]
-        context = RunContext.model_validate(state.get("context") or {})
+        context = run_context(state)
         calls: list[dict[str, Any]] = []
         rejected: list[dict[str, Any]] = []
         for index, proposed in enumerate(decision.tool_calls):

@@ -15,9 +15,9 @@ from langgraph.runtime import Runtime
 from runtime.budget import before_plan, limits_from
 from runtime.context import Context, services
 from runtime.errors import Code
-from runtime.model import Decision, RunContext, Step, Usage, utcnow
+from runtime.model import Decision, Step, Usage, utcnow
 from runtime.planner import Observation, Planner, PlannerView, llm_calls_of
-from runtime.state import RunState, failed
+from runtime.state import RunState, failed, run_context
 from runtime.storable import plain_json
 from runtime.tooling import ToolResolver
 
@@ -51,7 +51,7 @@ def make_planner_node(
             view = PlannerView(
                 run_id=ctx.run_id,
                 input=state["input"],
-                context=RunContext.model_validate(state.get("context") or {}),
+                context=run_context(state),
                 step_index=step_index,
                 observations=[Observation.model_validate(o) for o in state.get("observations", [])],
                 tools=[spec.describe() for spec in tools.specs()],

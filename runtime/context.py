@@ -14,6 +14,7 @@ from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
 from runtime.services import NodeStore
+from runtime.state import run_context
 from runtime.store.base import RunStore
 
 
@@ -77,7 +78,7 @@ async def services(runtime: Runtime[Any], state: Mapping[str, Any] | None = None
     from runtime.budget import Maxima, effective_limits
     from runtime.ids import content_hash
     from runtime.lifecycle import State
-    from runtime.model import Run, RunContext, RunOptions, Usage, utcnow
+    from runtime.model import Run, RunOptions, Usage, utcnow
 
     config = get_config()
     thread_id = config.get("configurable", {}).get("thread_id")
@@ -93,7 +94,7 @@ async def services(runtime: Runtime[Any], state: Mapping[str, Any] | None = None
             run_id=run_id,
             agent_id=str(config.get("metadata", {}).get("graph_id") or "studio"),
             input=str(state.get("input") or ""),
-            context=RunContext.model_validate(state.get("context") or {}),
+            context=run_context(state),
             options=options,
             state=State.PENDING,
             limits=effective_limits(options, Maxima()),

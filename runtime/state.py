@@ -7,11 +7,14 @@ JSON-shaped values, summaries and refs; bulk outputs live in artifacts.
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 # typing_extensions' TypedDict: pydantic (and so LangGraph Studio's input form) cannot
 # build a JSON schema from typing.TypedDict on Python < 3.12.
 from typing_extensions import TypedDict
+
+from runtime.model import RunContext
 
 
 class InputState(TypedDict, total=False):
@@ -49,6 +52,11 @@ class RunState(InputState, total=False):
     """Set once the graph decides the run ends (runtime.model.Outcome, without side effects)."""
     result: dict[str, Any] | None
     """The answer of a succeeded run."""
+
+
+def run_context(state: Mapping[str, Any]) -> RunContext:
+    """Who the run is for, from the state's ``context`` (the defaults where it has none)."""
+    return RunContext.model_validate(state.get("context") or {})
 
 
 def failed(code: str, message: str, *, tool_call_id: str | None = None) -> dict[str, Any]:
