@@ -20,10 +20,10 @@ from runtime import failpoints
 from runtime.aio import to_the_end
 from runtime.breaker import BREAKERS, Breaker
 from runtime.errors import Code
-from runtime.events import result_event, summarize
+from runtime.events import summarize
 from runtime.ids import idempotency_key
 from runtime.model import ToolCall, utcnow
-from runtime.services import NodeStore
+from runtime.services import NodeStore, close_call
 from runtime.storable import plain_json, utf8
 from runtime.tooling import (
     REDACTED,
@@ -213,12 +213,9 @@ async def _finish(
             }
         elif isinstance(output, dict) and "artifact_id" in output:
             artifact_ref = output["artifact_id"]
-    preview = row.model_copy(
-        update={"status": status, "output": output, "error": error, "artifact_id": artifact_ref}
-    )
-    return await store.update_tool_call(
-        row.tool_call_id,
-        result=result_event(preview),
+    return await close_call(
+        store,
+        row,
         status=status,
         output=output,
         error=error,
@@ -322,17 +319,14 @@ async def _execute(
             if found is not None:
                 return await _finish(store, current, "succeeded", found, None, 0, tctx.artifacts)
         elif not spec.idempotent:
-            unknown: dict[str, Any] = {
-                "status": "unknown",
-                "error": {
+            return await close_call(
+                store,
+                current,
+                status="unknown",
+                error={
                     "code": Code.TOOL_OUTCOME_UNKNOWN,
                     "message": "process stopped during a non-idempotent call",
                 },
-            }
-            return await store.update_tool_call(
-                current.tool_call_id,
-                result=result_event(current.model_copy(update=unknown)),
-                **unknown,
             )
     if not breaker.allow():
         # Fail fast: the tool has been unavailable; the handler is not touched.

@@ -12,11 +12,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from runtime.events import EventType
+from runtime.events import EventType, result_event
 from runtime.model import Approval, ApprovalDecision, Artifact, Step, ToolCall
 
 
-class NodeStore(Protocol):
+class ToolCallWriter(Protocol):
+    async def update_tool_call(
+        self,
+        tool_call_id: str,
+        *,
+        result: dict[str, Any] | None = None,
+        from_status: Sequence[str] = ("running",),
+        action: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> ToolCall: ...
+
+
+async def close_call(store: ToolCallWriter, row: ToolCall, **changes: Any) -> ToolCall:
+    """Move a running ledger row on by ``changes``, with its result event made from the
+    row as changed: one list of changes, so the log and the ledger cannot disagree (an
+    event built from a copy with the status alone said ``error: null`` twice)."""
+    event = result_event(row.model_copy(update=changes))
+    return await store.update_tool_call(row.tool_call_id, result=event, **changes)
+
+
+class NodeStore(ToolCallWriter, Protocol):
     # -- the event log and steps (planner, guard, handoff) --------------------
 
     async def append_event(
@@ -49,6 +69,7 @@ class NodeStore(Protocol):
     ) -> tuple[Approval, bool]: ...
 
     # -- the tool-call ledger (executor, runtime.ledger, finish) --------------
+    # (update_tool_call is ToolCallWriter's.)
 
     async def get_tool_call(self, tool_call_id: str) -> ToolCall | None: ...
 
@@ -59,16 +80,6 @@ class NodeStore(Protocol):
     ) -> tuple[ToolCall, bool]: ...
 
     async def claim_tool_call(self, tool_call_id: str, seen_attempts: int) -> ToolCall | None: ...
-
-    async def update_tool_call(
-        self,
-        tool_call_id: str,
-        *,
-        result: dict[str, Any] | None = None,
-        from_status: Sequence[str] = ("running",),
-        action: dict[str, Any] | None = None,
-        **fields: Any,
-    ) -> ToolCall: ...
 
     async def list_tool_calls(self, run_id: str) -> list[ToolCall]: ...
 

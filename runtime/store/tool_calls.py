@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from runtime.errors import Code, RuntimeProblem
-from runtime.events import EventType, result_event
+from runtime.events import EventType
 from runtime.model import ToolCall
+from runtime.services import close_call
 from runtime.store.core import StoreCore, _dec, _enc, _ts
 
 
@@ -119,13 +120,7 @@ class ToolCallQueries(StoreCore):
         for row in await self.list_tool_calls(run_id):
             if row.status == "running":
                 error = {"code": code, "message": message}
-                cancelled = row.model_copy(update={"status": "cancelled", "error": error})
-                await self.update_tool_call(
-                    row.tool_call_id,
-                    result=result_event(cancelled),
-                    status="cancelled",
-                    error=error,
-                )
+                await close_call(self, row, status="cancelled", error=error)
 
     async def claim_compensation(self, tool_call_id: str) -> bool:
         """True for exactly one caller: it alone runs the call's compensation.
