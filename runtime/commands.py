@@ -25,6 +25,9 @@ HISTORY_PAGE = 16
 class Drive:
     task: asyncio.Task[None]
     version: int
+    started: bool = False
+    """Whether its task has begun: one cancelled before its first step never runs,
+    so never finishes the cancel nor gives its lease back."""
 
 
 class RunCommands:
@@ -155,7 +158,8 @@ class RunCommands:
     def on_cancel_notice(self, run_id: str) -> None:
         """A cancel was requested (here or in another process): stop our drive of it."""
         drive = self.drives.get(run_id)
-        if drive is not None and run_id not in self._cancelling:
+        # A drive yet to start reads the cancel (committed before this notice) itself.
+        if drive is not None and drive.started and run_id not in self._cancelling:
             self._cancelling.add(run_id)
             drive.task.cancel()
 

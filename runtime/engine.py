@@ -195,6 +195,9 @@ class Engine(RunCommands):
         self.bus.publish(run_id, 0)  # wake anyone waiting for the run to settle
 
     async def _drive(self, run_id: str, version: int) -> None:
+        drive = self.drives.get(run_id)
+        if drive is not None and drive.version == version:
+            drive.started = True  # a cancel notice may stop it from here on
         store = self.store.fenced(run_id, version)
         release: bool | None = None  # needs_drive after release; None: leave as is
         retry_in: float | None = None  # the drive failed: when the run may be driven again

@@ -3,6 +3,7 @@ busy workers, or parked for a human, does not wait for a free slot or a lease ti
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from tests.api.conftest import Api, make_settings, open_api, states
@@ -55,5 +56,29 @@ async def test_a_parked_run_is_cancelled_while_the_workers_are_busy(
         final = resp.json()
         assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
         assert final["pending_approval"] is None
+        resp = await api.client.post(f"/runs/{busy}/cancel", json={"reason": "done"})
+        assert resp.status_code == 200, resp.text
+
+
+async def test_a_cancel_landing_before_its_drive_starts_still_stops_the_run(
+    database_url: str, data_dir: Path
+) -> None:
+    """A drive task cancelled before its first step never runs: it neither finished the
+    cancel nor gave its lease back, and the run waited out the lease (30 s) instead."""
+    settings = make_settings(database_url, data_dir, worker_concurrency=1)
+    async with open_api(settings) as api:
+        busy = await occupy_the_only_slot(api)
+        queued = (await api.create(agent_id="transferrer", input="last 1"))["run_id"]
+        engine, store = api.engine, api.engine.store
+        version = await store.take_lease(queued, engine.owner, engine.lease_s)
+        assert version is not None
+        assert await store.request_cancel(queued, "stop", compensate=False)
+
+        engine.start_drive(queued, version)
+        engine.on_cancel_notice(queued)  # before the drive's task has run at all
+
+        final = await asyncio.wait_for(engine.wait_settled(queued), 10)
+        assert final.state.value == "failed" and final.outcome is not None
+        assert final.outcome.code == "RUN_CANCELLED"
         resp = await api.client.post(f"/runs/{busy}/cancel", json={"reason": "done"})
         assert resp.status_code == 200, resp.text
