@@ -169,14 +169,16 @@ async def _fail_run(
     error = {"code": code.value, "message": message, "recovery": CODES[code].recovery.value}
     if tool_call_id is not None:
         error["tool_call_id"] = tool_call_id
+    progress: dict[str, Any] = {} if usage is None else {"usage": usage}
     return await store.transition(
         run_id,
         trigger,
         expect=run.state,
         events=[*unanswered, (EventType.ERROR, error)],
+        to=State.FAILED,
         outcome=outcome,
         pending_approval=None,
-        **({} if usage is None else {"usage": usage}),
+        **progress,
     )
 
 
@@ -209,15 +211,15 @@ class Adapter:
             return
         # Written with the node's first write (see runtime.store.journal), where the
         # store view is a drive's; at once otherwise.
-        target = self.store.defer_transition(
-            self.run_id, trigger, expect=self.state, **self._progress()
+        deferred = self.store.defer_transition(
+            self.run_id, trigger, expect=self.state, to=target, **self._progress()
         )
-        if target is None:
+        if deferred is None:
             run = await self.store.transition(
-                self.run_id, trigger, expect=self.state, **self._progress()
+                self.run_id, trigger, expect=self.state, to=target, **self._progress()
             )
-            target = run.state
-        self.state = target
+            deferred = run.state
+        self.state = deferred
 
     async def on_stop(self, values: dict[str, Any], interrupts: list[Any]) -> Run | None:
         """Map how the graph stopped onto the lifecycle.

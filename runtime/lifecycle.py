@@ -37,49 +37,52 @@ class Trigger(StrEnum):
 TERMINAL: frozenset[State] = frozenset({State.SUCCEEDED, State.FAILED})
 
 _S, _T = State, Trigger
-TRANSITIONS: dict[tuple[State, Trigger], State] = {
-    (_S.PENDING, _T.START): _S.PLANNING,
-    (_S.PLANNING, _T.PLAN_READY): _S.EXECUTING,
-    (_S.PLANNING, _T.PLAN_ERROR): _S.FAILED,
-    (_S.EXECUTING, _T.NEXT_STEP): _S.PLANNING,
-    (_S.EXECUTING, _T.DONE): _S.SUCCEEDED,
-    (_S.EXECUTING, _T.NEED_APPROVAL): _S.WAITING_HUMAN,
-    (_S.EXECUTING, _T.EXEC_ERROR): _S.FAILED,
-    (_S.WAITING_HUMAN, _T.APPROVED): _S.EXECUTING,
-    (_S.WAITING_HUMAN, _T.REJECTED): _S.FAILED,
+TRANSITIONS: dict[tuple[State, Trigger], tuple[State, ...]] = {
+    # The states a trigger may lead to from a state: the first, unless the one who
+    # fires it names another of them.
+    (_S.PENDING, _T.START): (_S.PLANNING,),
+    (_S.PLANNING, _T.PLAN_READY): (_S.EXECUTING,),
+    (_S.PLANNING, _T.PLAN_ERROR): (_S.FAILED,),
+    (_S.EXECUTING, _T.NEXT_STEP): (_S.PLANNING,),
+    (_S.EXECUTING, _T.DONE): (_S.SUCCEEDED,),
+    (_S.EXECUTING, _T.NEED_APPROVAL): (_S.WAITING_HUMAN,),
+    (_S.EXECUTING, _T.EXEC_ERROR): (_S.FAILED,),
+    (_S.WAITING_HUMAN, _T.APPROVED): (_S.EXECUTING,),
+    # A rejection fails the run, or hands control back to the planner where the
+    # tool's policy says "replan" (DESIGN §3).
+    (_S.WAITING_HUMAN, _T.REJECTED): (_S.FAILED, _S.PLANNING),
     # The graph can fail while resuming from a decision (e.g. the store vanished).
-    (_S.WAITING_HUMAN, _T.EXEC_ERROR): _S.FAILED,
-    # A rejection whose tool policy says "replan" hands control back to the planner.
-    (_S.WAITING_HUMAN, _T.NEXT_STEP): _S.PLANNING,
-    **{(s, _T.CANCEL): _S.FAILED for s in _S if s not in TERMINAL},
-    **{(s, _T.BUDGET_EXCEEDED): _S.FAILED for s in _S if s not in TERMINAL},
+    (_S.WAITING_HUMAN, _T.EXEC_ERROR): (_S.FAILED,),
+    **{(s, _T.CANCEL): (_S.FAILED,) for s in _S if s not in TERMINAL},
+    **{(s, _T.BUDGET_EXCEEDED): (_S.FAILED,) for s in _S if s not in TERMINAL},
 }
 
 
 class IllegalTransition(Exception):
-    def __init__(self, state: State, trigger: Trigger) -> None:
-        super().__init__(f"illegal transition: {trigger.value} from {state.value}")
+    def __init__(self, state: State, trigger: Trigger, to: State | None = None) -> None:
+        towards = "" if to is None else f" to {to.value}"
+        super().__init__(f"illegal transition: {trigger.value} from {state.value}{towards}")
         self.state = state
         self.trigger = trigger
+        self.to = to
 
 
-def transition(state: State, trigger: Trigger) -> State:
-    """The state reached from ``state`` by ``trigger``; raises if the move is illegal."""
-    try:
-        return TRANSITIONS[(state, trigger)]
-    except KeyError:
-        raise IllegalTransition(state, trigger) from None
+def transition(state: State, trigger: Trigger, to: State | None = None) -> State:
+    """The state reached from ``state`` by ``trigger`` (``to``, where the table lets the
+    trigger lead there); raises if the move is illegal."""
+    targets = TRANSITIONS.get((state, trigger), ())
+    if not targets or (to is not None and to not in targets):
+        raise IllegalTransition(state, trigger, to)
+    return targets[0] if to is None else to
 
 
 def forward_trigger(state: State, target: State) -> Trigger | None:
-    """The one non-failure trigger that moves ``state`` to ``target``, if any.
+    """The one trigger that moves ``state`` to ``target``, a state other than failed.
 
     Used by the adapter, which sees *where* the graph went and asks the table
     *how* it got there; failures always name their trigger explicitly.
     """
-    found = [
-        trig
-        for (src, trig), dst in TRANSITIONS.items()
-        if src == state and dst == target and dst is not State.FAILED
-    ]
+    if target is State.FAILED:
+        return None
+    found = [trig for (src, trig), dsts in TRANSITIONS.items() if src == state and target in dsts]
     return found[0] if len(found) == 1 else None

@@ -125,6 +125,10 @@ def build_tools(data_dir: Path) -> ToolRegistry:
             fh.write(f"{ctx.tool_call_id}\n")
         raise ToolUnavailable("upstream is down")
 
+    async def wire(args: TransferArgs, ctx: ToolContext) -> dict[str, object]:
+        record_transfer(ctx, f"wire {args.amount}")
+        return {"wired": args.amount}
+
     return ToolRegistry(
         [
             ToolSpec("echo", "1", "Repeat text n times.", EchoArgs, echo),
@@ -149,6 +153,16 @@ def build_tools(data_dir: Path) -> ToolRegistry:
                 side_effect=True,
             ),
             ToolSpec("recall", "1", "What was kept about the user.", MemoryArgs, recall),
+            ToolSpec(
+                "wire",
+                "1",
+                "Move money abroad (high-risk: a human approves; a rejection replans).",
+                TransferArgs,
+                wire,
+                risk="high",
+                side_effect=True,
+                on_reject="replan",
+            ),
             ToolSpec(
                 "transfer",
                 "1",
@@ -247,6 +261,15 @@ def transferrer(view: PlannerView) -> Decision:
     return finish("transferred")
 
 
+def second_guesser(view: PlannerView) -> Decision:
+    """A wire of 7 a human must approve; rejected, it asks for a transfer of 7 instead."""
+    if not view.observations:
+        return call("wire", amount=7, hold_s=0)
+    if view.observations[-1].status == "APPROVAL_REJECTED":
+        return call("transfer", amount=7, hold_s=0)
+    return finish(f"{view.observations[-1].tool} done")
+
+
 def rememberer(view: PlannerView) -> Decision:
     """'remember <key> <value>' or 'recall <key>' in the user's long-term memory; its
     answer is the value recalled."""
@@ -294,6 +317,7 @@ SCRIPTS: dict[str, Script] = {
     "hurried": hurried,
     "transferrer": transferrer,
     "rememberer": rememberer,
+    "second_guesser": second_guesser,
     "broken": broken,
     "wanderer": wanderer,
 }

@@ -211,20 +211,22 @@ class RunStore(
         *,
         expect: State | None = None,
         events: Sequence[tuple[EventType, dict[str, Any]]] = (),
+        to: State | None = None,
         **fields: Any,
     ) -> Run:
         """Fire ``trigger`` on the run through the lifecycle table, with its state event.
 
         ``events`` are appended before the state event, in the same transaction.
         ``fields`` (step_index, usage, pending_approval, result, outcome) are
-        written with it. ``expect`` guards against a state that moved meanwhile.
+        written with it. ``expect`` guards against a state that moved meanwhile;
+        ``to`` names the target where the trigger may lead to more than one.
         """
         if expect is not None and (expect, trigger) in TRANSITIONS:
-            done = await self._transition_at_once(run_id, trigger, expect, events, fields)
+            done = await self._transition_at_once(run_id, trigger, expect, events, fields, to)
             if done is not None:
                 return Run.model_validate(_dec(done))
         async with self.tx() as tx:
-            updated = await self._transition(tx, run_id, trigger, expect, events, fields)
+            updated = await self._transition(tx, run_id, trigger, expect, events, fields, to=to)
         return Run.model_validate(_dec(updated))
 
     async def park(self, run_id: str, approval_id: str, expect: State, **fields: Any) -> Run | None:

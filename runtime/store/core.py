@@ -262,16 +262,23 @@ class StoreCore(ABC):
             (),
             change.fields,
             done_in=change.target,
+            to=change.to,
         )
 
     def defer_transition(
-        self, run_id: str, trigger: Trigger, *, expect: State, **fields: Any
+        self,
+        run_id: str,
+        trigger: Trigger,
+        *,
+        expect: State,
+        to: State | None = None,
+        **fields: Any,
     ) -> State | None:
         """Queue ``trigger`` to be written with the view's next write; the state it
         will reach, or None where nothing defers (a view that is not a drive's)."""
         if self._journal is None or self._fence is None or self._fence[0] != run_id:
             return None
-        change = PendingTransition(run_id, trigger, expect, fields)
+        change = PendingTransition(run_id, trigger, expect, fields, to)
         self._journal.add(change)
         return change.target
 
@@ -351,6 +358,7 @@ class StoreCore(ABC):
         expect: State,
         events: Sequence[tuple[EventType, dict[str, Any]]],
         fields: dict[str, Any],
+        to: State | None = None,
     ) -> Row | None:
         """A transition from ``expect`` as one atomic statement, where the dialect can.
 
@@ -521,6 +529,7 @@ class StoreCore(ABC):
         events: Sequence[tuple[EventType, dict[str, Any]]],
         fields: dict[str, Any],
         done_in: State | None = None,
+        to: State | None = None,
     ) -> Row:
         """Fire ``trigger``: one locked read of the run, one update that also counts the
         events' seqs and returns the new row, one insert of the events. A run found in
@@ -535,7 +544,7 @@ class StoreCore(ABC):
             raise RuntimeProblem(
                 Code.RUN_STATE_CONFLICT, f"run is {current.value}, not {expect.value}"
             )
-        target = transition(current, trigger)
+        target = transition(current, trigger, to)
         fields, all_events = _transition_changes(current, target, trigger, events, fields)
         sets = ", ".join(f"{k} = ?" for k in fields)
         updated = await tx.fetchone(

@@ -45,10 +45,12 @@ class PendingTransition:
     trigger: Trigger
     expect: State
     fields: dict[str, Any] = field(default_factory=dict)
+    to: State | None = None
+    """The target, where the trigger may lead to more than one state."""
 
     @property
     def target(self) -> State:
-        return transition(self.expect, self.trigger)
+        return transition(self.expect, self.trigger, self.to)
 
 
 class Journal:

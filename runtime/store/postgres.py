@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
-from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger
+from runtime.lifecycle import TERMINAL, State, Trigger, transition
 from runtime.store.base import Row, Tx
 from runtime.store.core import EVENTS_CHANNEL, LeaseLost, _enc, _transition_changes, _ts, event_row
 from runtime.store.journal import PendingTransition
@@ -141,6 +141,7 @@ class PostgresRunStore(PgSingleStatements):
         expect: State,
         events: Sequence[tuple[EventType, dict[str, Any]]],
         fields: dict[str, Any],
+        to: State | None = None,
     ) -> Row | None:
         # One statement in autocommit is atomic and holds the run row's lock until it
         # commits: the compare-and-set on state (and on the lease, for a fenced view),
@@ -148,7 +149,7 @@ class PostgresRunStore(PgSingleStatements):
         # BEGIN, lock, update, insert, notify, COMMIT.
         if self._fence is not None and self._fence[0] != run_id:
             return None
-        statement = self._transition_statement(run_id, trigger, expect, events, fields)
+        statement = self._transition_statement(run_id, trigger, expect, events, fields, to)
         return self._transition_done(run_id, await self._pipelined(*statement[:2]), statement[2])
 
     def _transition_statement(
@@ -158,9 +159,10 @@ class PostgresRunStore(PgSingleStatements):
         expect: State,
         events: Sequence[tuple[EventType, dict[str, Any]]],
         fields: dict[str, Any],
+        to: State | None = None,
     ) -> tuple[str, list[Any], list[tuple[str, str, str]]]:
         """(query, params, the events as stored) of a transition as one statement."""
-        target = TRANSITIONS[(expect, trigger)]
+        target = transition(expect, trigger, to)
         fields, all_events = _transition_changes(expect, target, trigger, events, fields)
         sets = ", ".join(f"{k} = %s" for k in fields)
         params: list[Any] = [
@@ -215,7 +217,7 @@ class PostgresRunStore(PgSingleStatements):
         """
         async with self._ordered() as pending:
             statements = [
-                self._transition_statement(c.run_id, c.trigger, c.expect, (), c.fields)
+                self._transition_statement(c.run_id, c.trigger, c.expect, (), c.fields, c.to)
                 for c in pending
             ]
             async with self.pool.connection() as conn:

@@ -36,14 +36,26 @@ def test_illegal_pair_raises(state: State, trigger: Trigger) -> None:
 
 
 @pytest.mark.parametrize(
-    ("state", "trigger", "target"),
-    [(s, t, dst) for (s, t), dst in TRANSITIONS.items()],
-    ids=lambda v: v.value,
+    ("state", "trigger", "targets"),
+    [(s, t, dsts) for (s, t), dsts in TRANSITIONS.items()],
+    ids=lambda v: v.value if isinstance(v, State | Trigger) else "-".join(v),
 )
-def test_legal_pair_returns_the_tables_target(
-    state: State, trigger: Trigger, target: State
+def test_legal_pair_returns_the_tables_first_target_or_the_one_named(
+    state: State, trigger: Trigger, targets: tuple[State, ...]
 ) -> None:
-    assert transition(state, trigger) is target
+    assert transition(state, trigger) is targets[0]
+    for target in targets:
+        assert transition(state, trigger, target) is target
+    for other in set(State) - set(targets):
+        with pytest.raises(IllegalTransition) as info:
+            transition(state, trigger, other)
+        assert info.value.to is other and other.value in str(info.value)
+
+
+def test_a_rejection_fails_the_run_or_replans() -> None:
+    """DESIGN §3: rejected → failed (or → planning where the tool's policy says replan)."""
+    assert TRANSITIONS[(State.WAITING_HUMAN, Trigger.REJECTED)] == (State.FAILED, State.PLANNING)
+    assert transition(State.WAITING_HUMAN, Trigger.REJECTED) is State.FAILED
 
 
 @pytest.mark.parametrize("state", sorted(TERMINAL), ids=lambda v: v.value)
@@ -57,7 +69,7 @@ def test_terminal_states_have_no_way_out(state: State) -> None:
 @pytest.mark.parametrize("state", NON_TERMINAL, ids=lambda v: v.value)
 @pytest.mark.parametrize("trigger", [Trigger.CANCEL, Trigger.BUDGET_EXCEEDED])
 def test_cancel_and_budget_fail_any_live_run(state: State, trigger: Trigger) -> None:
-    assert transition(state, trigger) is State.FAILED
+    assert TRANSITIONS[(state, trigger)] == (State.FAILED,)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +81,7 @@ def test_cancel_and_budget_fail_any_live_run(state: State, trigger: Trigger) -> 
         (State.EXECUTING, State.SUCCEEDED, Trigger.DONE),
         (State.EXECUTING, State.WAITING_HUMAN, Trigger.NEED_APPROVAL),
         (State.WAITING_HUMAN, State.EXECUTING, Trigger.APPROVED),
-        (State.WAITING_HUMAN, State.PLANNING, Trigger.NEXT_STEP),
+        (State.WAITING_HUMAN, State.PLANNING, Trigger.REJECTED),
         # Failures always name their trigger; the table is never asked for them.
         (State.EXECUTING, State.FAILED, None),
         (State.PLANNING, State.FAILED, None),
