@@ -75,7 +75,8 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
                     approval_id=approval_id,
                     run_id=ctx.run_id,
                     tool_call_id=call["tool_call_id"],
-                    tool=spec.ref,
+                    tool=spec.name,
+                    version=spec.version,
                     args=shown,
                     args_hash=call["args_hash"],
                     risk=spec.risk,
@@ -130,8 +131,8 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
             }
         # The rejection that ends the run (the loop stopped at it), not one sent back.
         stopper = next(r for r in rejected if r["on_reject"] == "fail")
-        row = stopper["row"]
-        message = f"{row.tool} rejected by {row.decided_by}" + (
+        row, call = stopper["row"], stopper["call"]
+        message = f"{call['tool']}@{call['version']} rejected by {row.decided_by}" + (
             f": {row.comment}" if row.comment else ""
         )
         outcome = failed(

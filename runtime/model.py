@@ -220,6 +220,9 @@ class Approval(BaseModel):
     run_id: str
     tool_call_id: str
     tool: str
+    """The tool's name, as in its tool call and events."""
+    version: str = ""
+    """The tool's version ("" on rows of a store older than the column that had none)."""
     args: dict[str, Any]
     args_hash: str
     risk: str

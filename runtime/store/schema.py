@@ -172,4 +172,14 @@ MIGRATIONS: list[list[str]] = [
         # unreleased (its worker died or stalled), so the drive can put it on the record.
         "ALTER TABLE runs ADD COLUMN taken_from TEXT",
     ],
+    [
+        # An approval names its tool as tool calls and events do: name and version
+        # apart (it was "name@version"). Both dialects have rtrim(text, characters):
+        # stripping every character but "@" from the right leaves "name@".
+        "ALTER TABLE approvals ADD COLUMN version TEXT NOT NULL DEFAULT ''",
+        "UPDATE approvals SET "
+        "version = replace(tool, rtrim(tool, replace(tool, '@', '')), ''), "
+        "tool = rtrim(rtrim(tool, replace(tool, '@', '')), '@') "
+        "WHERE replace(tool, '@', '') <> tool",
+    ],
 ]

@@ -114,7 +114,8 @@ class NodeEnv:
         return Approval(
             approval_id=ids.call_approval_id(c),
             run_id=self.run_id,
-            tool=f"{c['tool']}@{c['version']}",
+            tool=c["tool"],
+            version=c["version"],
             risk="high",
             status="pending",
             created_at=utcnow(),

@@ -28,7 +28,8 @@ def pending_approval(run_id: str, approval_id: str, args: dict[str, Any] | None 
         approval_id=approval_id,
         run_id=run_id,
         tool_call_id="tc-1",
-        tool="refund@1",
+        tool="refund",
+        version="1",
         args=args or {},
         args_hash="h",
         risk="high",
@@ -446,3 +447,29 @@ async def test_a_second_cancel_adds_compensation_until_the_drive_decides(
     assert refused.value.code is Code.RUN_STATE_CONFLICT
     assert await store.request_cancel(decided.run_id, "again", compensate=False)
     assert await store.cancel_requested(decided.run_id) == ("stop (requested by u1)", False)
+
+
+async def test_approvals_of_an_older_store_get_their_tool_and_version_apart(
+    backend: object, make_run: MakeRun
+) -> None:
+    """Migration 10 on rows written before it, as "name@version" in ``tool``."""
+    store = store_of(backend)
+    run = await make_run(store)
+    await store.ensure_approval(pending_approval(run.run_id, "ap-old"), {})
+    await store.ensure_approval(pending_approval(run.run_id, "ap-older"), {})
+    async with store.tx() as tx:
+        # The store as it was at version 9.
+        await tx.execute("ALTER TABLE approvals DROP COLUMN version")
+        await tx.execute("DELETE FROM schema_version WHERE version >= 10")
+        await tx.execute(
+            "UPDATE approvals SET tool = 'publish_report@12' WHERE approval_id = ?", ("ap-old",)
+        )
+        await tx.execute(
+            "UPDATE approvals SET tool = 'refund' WHERE approval_id = ?", ("ap-older",)
+        )
+
+    await store.migrate()
+
+    old, older = await store.get_approval("ap-old"), await store.get_approval("ap-older")
+    assert old is not None and (old.tool, old.version) == ("publish_report", "12")
+    assert older is not None and (older.tool, older.version) == ("refund", "")

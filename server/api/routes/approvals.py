@@ -68,7 +68,9 @@ async def decide(
         raise RuntimeProblem(Code.PRINCIPAL_MISMATCH, "decided_by must be the caller")
     if not principal.has_role(APPROVER):
         raise RuntimeProblem(Code.ROLE_REQUIRED, "deciding an approval needs the approver role")
-    if principal.user_id == run.context.user_id and four_eyes(engine, run, approval.tool):
+    if principal.user_id == run.context.user_id and four_eyes(
+        engine, run, approval.tool, approval.version
+    ):
         raise RuntimeProblem(
             Code.FOUR_EYES, "the user who started the run cannot approve its own action"
         )
@@ -83,8 +85,7 @@ async def decide(
     return JSONResponse(approval.model_dump(mode="json"), status_code=202 if won else 200)
 
 
-def four_eyes(engine: Engine, run: Run, tool_ref: str) -> bool:
+def four_eyes(engine: Engine, run: Run, tool: str, version: str) -> bool:
     """Whether the tool forbids self-approval; an unknown tool is treated as if it did."""
-    name, _, version = tool_ref.partition("@")
-    spec = RunTools(engine, run).resolve(name, version or None)
+    spec = RunTools(engine, run).resolve(tool, version or None)
     return spec is None or spec.four_eyes
