@@ -12,7 +12,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from runtime.budget import before_plan, limits_from
+from runtime.budget import after_plan, before_plan, limits_from
 from runtime.context import Context, services
 from runtime.errors import Code
 from runtime.model import Decision, Step, Usage, utcnow
@@ -98,15 +98,24 @@ def make_planner_node(
                 "steps": step_index + 1,
                 "llm_calls": usage.llm_calls + decision.usage.llm_calls,
                 "tokens": usage.tokens + decision.usage.tokens,
-                "cost_usd": usage.cost_usd + decision.usage.cost_usd,
+                # To a billionth of a dollar: 0.1 + 0.05 is above 0.15 in binary floats.
+                "cost_usd": round(usage.cost_usd + decision.usage.cost_usd, 9),
                 "active_s": ctx.active_s(),
             }
         )
-        return {
+        update = {
             "step_index": step_index,
             "decision": decision.model_dump(mode="json"),
             "usage": usage.model_dump(),
             "calls": [],
         }
+        # Spent past a limit: the decision is on the record, but neither its calls nor
+        # its answer are acted on.
+        over = after_plan(usage, limits)
+        return (
+            update
+            if over is None
+            else {**update, "outcome": failed(Code.RUN_BUDGET_EXCEEDED, over)}
+        )
 
     return planner_node

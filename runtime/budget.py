@@ -53,6 +53,19 @@ def before_plan(usage: Usage, limits: Limits, active_s: float) -> str | None:
     return None
 
 
+def after_plan(usage: Usage, limits: Limits) -> str | None:
+    """Why a decision, charged to ``usage``, may not be acted on: the planner call that
+    made it spent more than was left (a model's tokens and cost are known only after
+    the call, and a planner may make more calls than it was allowed)."""
+    if usage.llm_calls > limits.max_llm_calls:
+        return f"max_llm_calls {limits.max_llm_calls}: {usage.llm_calls} used"
+    if usage.tokens > limits.max_tokens:
+        return f"max_tokens {limits.max_tokens}: {usage.tokens} used"
+    if usage.cost_usd > limits.max_cost_usd:
+        return f"max_cost_usd {limits.max_cost_usd}: {usage.cost_usd:.6g} used"
+    return None
+
+
 def before_tools(usage: Usage, limits: Limits, n_calls: int, active_s: float) -> str | None:
     """Reserve ``n_calls`` tool calls at once, so parallel calls cannot overshoot."""
     if usage.tool_calls + n_calls > limits.max_tool_calls:

@@ -218,7 +218,11 @@ async def test_the_token_budget_stops_a_chatty_model(settings: Settings) -> None
         assert "max_tokens 50" in final["outcome"]["message"]
         assert len(model.calls) == 1
         assert (final["usage"]["llm_calls"], final["usage"]["tokens"]) == (1, 80)
-        assert final["usage"]["tool_calls"] == 1
+        # The answer that spent past the budget is on the record, and not acted on.
+        assert final["usage"]["tool_calls"] == 0 and final["outcome"]["side_effects"] == []
+        [step] = (await api.client.get(f"/runs/{run['run_id']}/steps")).json()
+        assert step["decision"]["tool_calls"][0]["tool"] == "query_sales"
+        assert (await api.client.get(f"/runs/{run['run_id']}/tool-calls")).json() == []
 
 
 async def test_a_model_error_fails_the_run_as_a_planner_error(settings: Settings) -> None:

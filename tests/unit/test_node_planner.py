@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from langgraph.runtime import Runtime
 
 from nodes.planner import make_planner_node
@@ -120,6 +123,49 @@ async def test_planner_stops_at_max_steps(env: NodeEnv) -> None:
 
     assert update["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
     assert planner.views == [] and await env.store.get_step(env.run_id, 2) is None
+
+
+@pytest.mark.parametrize(
+    ("spent", "budget", "why"),
+    [
+        (DecisionUsage(llm_calls=1, tokens=600), {"max_tokens": 1500}, "max_tokens 1500: 1600"),
+        (
+            DecisionUsage(llm_calls=1, cost_usd=0.1),
+            {"max_cost_usd": 0.15},
+            "max_cost_usd 0.15: 0.2",
+        ),
+        (DecisionUsage(llm_calls=2), {"max_llm_calls": 2}, "max_llm_calls 2: 3"),
+    ],
+)
+@pytest.mark.parametrize("decision", [call("echo", text="a", n=1), finish("done")])
+async def test_a_decision_that_spent_past_a_limit_is_recorded_not_acted_on(
+    env: NodeEnv, spent: DecisionUsage, budget: dict[str, Any], why: str, decision: Decision
+) -> None:
+    """A model's tokens and cost are known only after its call: the step that went over
+    is kept, and the run ends rather than running its calls or taking its answer."""
+    planner = CountingPlanner(decision.model_copy(update={"usage": spent}))
+    used = Usage(steps=1, llm_calls=1, tokens=1000, cost_usd=0.1)
+    state = env.state(usage=used.model_dump(), limits=limits(budget=budget))
+
+    update = await make_planner_node(planner, env.tools)(state, env.runtime)
+
+    assert update["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
+    assert update["outcome"]["message"].startswith(why)
+    step = await env.store.get_step(env.run_id, 1)
+    assert step is not None and step.decision.kind == decision.kind
+
+
+async def test_a_decision_that_uses_the_budget_up_exactly_goes_ahead(env: NodeEnv) -> None:
+    spent = DecisionUsage(llm_calls=1, tokens=500, cost_usd=0.05)
+    planner = CountingPlanner(finish("done").model_copy(update={"usage": spent}))
+    state = env.state(
+        usage=Usage(steps=1, llm_calls=1, tokens=1000, cost_usd=0.1).model_dump(),
+        limits=limits(budget={"max_tokens": 1500, "max_cost_usd": 0.15, "max_llm_calls": 2}),
+    )
+
+    update = await make_planner_node(planner, env.tools)(state, env.runtime)
+
+    assert "outcome" not in update and update["decision"]["kind"] == "finish"
 
 
 async def test_planner_exception_is_a_planner_error(env: NodeEnv) -> None:
