@@ -127,13 +127,16 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
                 raise outcome
         rows = [r for r in settled if isinstance(r, ToolCall)]
         usage = Usage.model_validate(state.get("usage") or {})
+        # A call is charged once, when first run: one a human sends back to run again
+        # after an unknown outcome was charged then (as a re-run after a crash is).
+        charged = sum(1 for c in calls if c.get("kind") != "outcome_unknown")
         update: dict[str, Any] = {
             "calls": [],
             "observations": [observation(r) for r in rows],
             "tool_calls": [r.tool_call_id for r in rows],
             "usage": usage.model_copy(
                 update={
-                    "tool_calls": usage.tool_calls + len(rows),
+                    "tool_calls": usage.tool_calls + charged,
                     "active_s": ctx.active_s(),
                 }
             ).model_dump(),

@@ -132,6 +132,7 @@ async def test_an_interrupted_side_effect_waits_for_a_human(env: NodeEnv) -> Non
 
     assert counter_lines(env.data_dir) == []
     assert update["observations"] == [] and update["tool_calls"] == []
+    assert update["usage"]["tool_calls"] == 1  # charged once, as it was started
     [ask] = update["calls"]
     assert ask["kind"] == "outcome_unknown" and ask["needs_approval"] is True
     assert ask["unknown_after_attempts"] == 1
@@ -139,9 +140,11 @@ async def test_an_interrupted_side_effect_waits_for_a_human(env: NodeEnv) -> Non
     assert stuck is not None and stuck.status == "unknown"
 
     await env.approve(ask)  # "run it again"
-    rerun = await node(env.state(calls=[ask]), env.runtime)
+    rerun = await node(env.state(calls=[ask], usage=update["usage"]), env.runtime)
 
     assert len(counter_lines(env.data_dir)) == 1
+    # One call, one charge: running it again on a human's word is not a second call.
+    assert rerun["usage"]["tool_calls"] == 1
     assert rerun["observations"][0]["status"] == "succeeded"
     done = await env.store.get_tool_call(c["tool_call_id"])
     assert done is not None and (done.status, done.attempts) == ("succeeded", 2)
