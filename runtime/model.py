@@ -20,7 +20,10 @@ def utcnow() -> datetime:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: no unknown fields, and no value of another JSON type coerced
+    ("3" or true for a number, "yes" for a flag: 422, not a guess)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
     @classmethod

@@ -43,6 +43,13 @@ def assert_problem(resp: Any, status: int, code: str) -> dict[str, Any]:
         {"input": "q", "options": {"budget": {"timeout_s": 0}}},
         {"input": "q", "options": {"budget": {"max_cost_usd": 1e300}}},
         {"input": "q", "options": {"budget": {"gpu_hours": 3}}},
+        # A number of another JSON type is not guessed at.
+        {"input": "q", "options": {"budget": {"max_tool_calls": "3"}}},
+        {"input": "q", "options": {"budget": {"max_tool_calls": True}}},
+        {"input": "q", "options": {"budget": {"max_tool_calls": 2.0}}},
+        {"input": "q", "options": {"budget": {"timeout_s": "10"}}},
+        {"input": "q", "options": {"budget": {"max_cost_usd": "1.0"}}},
+        {"input": "q", "options": {"max_steps": "5"}},
         {"input": "q", "surprise": True},
         {"input": "nul \u0000 inside"},
         {"input": "q", "context": {"tenant_id": "t\u0000"}},
@@ -145,7 +152,12 @@ async def test_unknown_approval_artifact_and_route_are_404(api: Api) -> None:
 async def test_bad_decisions_queries_and_headers_are_422(api: Api) -> None:
     run = await api.create(agent_id="typo_fixer", input="x")
     run_id = run["run_id"]
-    for body in ({"decision": "maybe"}, {}, {"decision": "approve", "comment": "x" * 5000}):
+    for body in (
+        {"decision": "maybe"},
+        {},
+        {"decision": "approve", "comment": "x" * 5000},
+        {"decision": "approve", "comment": 5},
+    ):
         resp = await api.client.post(f"/runs/{run_id}/approvals/ap-x", json=body)
         assert_problem(resp, 422, "VALIDATION_ERROR")
     for params in ({"state": "sleeping"}, {"limit": 0}, {"limit": 10_000}, {"cursor": "%%%"}):
@@ -173,3 +185,6 @@ async def test_cancel_of_a_finished_run_is_409(api: Api) -> None:
     await api.settle(run["run_id"])
     resp = await api.client.post(f"/runs/{run['run_id']}/cancel", json={"reason": "late"})
     assert_problem(resp, 409, "RUN_STATE_CONFLICT")
+    for body in ({"compensate": "yes"}, {"compensate": 1}, {"reason": 7}):
+        resp = await api.client.post(f"/runs/{run['run_id']}/cancel", json=body)
+        assert_problem(resp, 422, "VALIDATION_ERROR")
