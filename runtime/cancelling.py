@@ -119,12 +119,16 @@ async def cut_off_usage(store: RunStore, run: Run, cut: CutOff) -> dict[str, Any
 
 async def settle_running_calls(
     store: RunStore, setting: CallSetting, run: Run, code: Code, message: str
-) -> None:
+) -> list[str]:
     """Side effects cut off mid-call (the run was cancelled, or ran out of time, with
     ``code``): where the tool can say whether the effect took place, the ledger records
-    which (:func:`runtime.ledger.settle_cut_off`)."""
+    which (:func:`runtime.ledger.settle_cut_off`). Returns the calls that were running."""
+    running = []
     for row in await store.list_tool_calls(run.run_id):
-        if row.status != "running" or not row.side_effect or row.attempts == 0:
+        if row.status != "running":
+            continue
+        running.append(row.tool_call_id)
+        if not row.side_effect or row.attempts == 0:
             continue
         spec = setting.tools.resolve(row.tool, row.version)
         if spec is None or spec.reconcile is None:
@@ -132,6 +136,7 @@ async def settle_running_calls(
         args = spec.args_model.model_validate(row.args)
         tctx = replace(setting.context(store, run, row), cut_off=True)
         await settle_cut_off(store, spec, row, args, tctx, {"code": code, "message": message})
+    return running
 
 
 async def compensate_effects(store: RunStore, setting: CallSetting, run: Run) -> list[str]:

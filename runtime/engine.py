@@ -417,7 +417,7 @@ class Engine(RunCommands):
                 charged = await cut_off_usage(
                     store, run, CutOff(adapter.values or values or {}, ctx.active_s())
                 )
-                await settle_running_calls(
+                running = await settle_running_calls(
                     store,
                     self._setting_of(run.agent_id),
                     run,
@@ -430,6 +430,8 @@ class Engine(RunCommands):
                     Code.RUN_BUDGET_EXCEEDED,
                     f"timeout_s {run.limits.timeout_s} reached",
                     usage=charged,
+                    # The call the time ran out in (the first, of parallel ones).
+                    tool_call_id=running[0] if running else None,
                 )
                 return
             if streamed or (adapter.values.get("outcome") and graph_input is not None):

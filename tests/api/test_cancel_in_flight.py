@@ -159,6 +159,11 @@ async def test_a_run_out_of_time_keeps_what_it_spent(api: Api) -> None:
         if e["type"] == "result" and e["data"]["tool_call_id"] == cut["tool_call_id"]
     ]
     assert result["error"] == cut["error"] and cut["error"]["code"] == "RUN_BUDGET_EXCEEDED"
+    # And the run's error names the call the time ran out in.
+    error = next(
+        e["data"] for e in reversed(await api.events(run["run_id"])) if e["type"] == "error"
+    )
+    assert (error["code"], error["tool_call_id"]) == ("RUN_BUDGET_EXCEEDED", cut["tool_call_id"])
 
 
 async def test_a_publish_cut_off_in_its_thread_never_lands_behind_the_record(api: Api) -> None:
