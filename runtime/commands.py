@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,9 @@ class Drive:
     started: bool = False
     """Whether its task has begun: one cancelled before its first step never runs,
     so never finishes the cancel nor gives its lease back."""
+    active_s: Callable[[], float] | None = None
+    """The run's active seconds so far, once the drive runs its graph (the heartbeat
+    records them: a crash must not give the run its unsaved time back)."""
 
 
 class RunCommands:

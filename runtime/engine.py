@@ -64,6 +64,13 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+def active_at_start(values: Mapping[str, Any] | None, renewed: float) -> float:
+    """The run's active time as a drive starts: its checkpoint's, or what the last
+    lease renewal recorded where a crash cut a step off after that checkpoint."""
+    usage = Usage.model_validate((values or {}).get("usage") or {})
+    return max(usage.active_s, renewed)
+
+
 @dataclass
 class Progress:
     """How far a drive got, for counting the drives that fail in a row."""
@@ -214,14 +221,17 @@ class Engine(RunCommands):
                 how = "cancelled"
                 # Already stopping: a second cancel notice must not cut this short.
                 self._cancelling.add(run_id)
-                progress.cut = CutOff(await self._checkpointed_values(found.run))
+                values = await self._checkpointed_values(found.run)
+                progress.cut = CutOff(values, active_at_start(values, found.active_s))
                 await finish_cancel(store, self._setting_of, run_id, *found.cancel, progress.cut)
             elif found is not None and found.run.state not in TERMINAL:
                 try:
                     # Lease versions count every grant: a pending run's first has no
                     # checkpoint to read. (Not a run an upgrade gave its first lease.)
                     first = version == 1 and found.run.state is State.PENDING
-                    await self._drive_graph(store, found.run, progress, first_lease=first)
+                    await self._drive_graph(
+                        store, found.run, progress, first_lease=first, active_s=found.active_s
+                    )
                 except BaseException:
                     await asyncio.shield(settle_checkpointer(self.checkpointer))
                     raise
@@ -338,10 +348,17 @@ class Engine(RunCommands):
                 self.wake()
 
     async def _drive_graph(
-        self, store: RunStore, run: Run, progress: Progress, *, first_lease: bool
+        self,
+        store: RunStore,
+        run: Run,
+        progress: Progress,
+        *,
+        first_lease: bool,
+        active_s: float = 0.0,
     ) -> None:
         """``first_lease``: no worker held the run before, so its graph has no
-        checkpoint and the read is spared."""
+        checkpoint and the read is spared. ``active_s``: the run's active time as the
+        last lease renewal recorded it."""
         run_id = run.run_id
         graph = self.graphs[run.agent_id]
         config: RunnableConfig = {
@@ -384,14 +401,16 @@ class Engine(RunCommands):
                 # later checkpoint show an empty `next` too: those are continued below.)
                 await adapter.on_stop(values, [])
                 return
-            usage = Usage.model_validate((values or {}).get("usage") or {})
             ctx = Context(
                 run_id=run_id,
                 store=store,
-                active_base_s=usage.active_s,
+                active_base_s=active_at_start(values, active_s),
                 recorded_before=recorded,
             )
-            remaining = run.limits.timeout_s - usage.active_s
+            drive = self.drives.get(run_id)
+            if drive is not None and drive.task is asyncio.current_task():
+                drive.active_s = ctx.active_s
+            remaining = run.limits.timeout_s - ctx.active_base_s
             streamed: list[Any] = []  # the interrupts the stream reported
             try:
                 async with asyncio.timeout(max(remaining, 0.001)):

@@ -72,7 +72,10 @@ class Worker:
         interval = engine.lease_s / 3
         while not self._stopping.is_set():
             await asyncio.sleep(interval)
-            leases = [(run_id, d.version) for run_id, d in engine.drives.items()]
+            leases = [
+                (run_id, d.version, None if d.active_s is None else d.active_s())
+                for run_id, d in engine.drives.items()
+            ]
             if not leases:
                 continue
             try:
@@ -80,7 +83,7 @@ class Worker:
             except TRANSIENT_DB_ERRORS:
                 log.warning("cannot renew leases: database unreachable")
                 continue
-            for run_id, _ in leases:
+            for run_id, _, _ in leases:
                 drive = engine.drives.get(run_id)
                 if run_id not in held and drive is not None:
                     # Someone else owns it now: stop without writing anything more.

@@ -76,6 +76,8 @@ class DriveStart(NamedTuple):
     """Drives in a row before this one that ended on a database error."""
     taken_from: str | None = None
     """The worker whose lease this drive's replaced after it expired unreleased."""
+    active_s: float = 0.0
+    """The run's active seconds as a drive last reported them with a lease renewal."""
 
 
 class RunStore(
@@ -326,6 +328,7 @@ class RunStore(
             _cancel_intent(row["cancel_requested"]),
             int(row["drive_failures"]),
             row["taken_from"],
+            float(row["active_s"]),
         )
 
     async def append_event(

@@ -84,17 +84,19 @@ class LeaseQueries(StoreCore):
         return int(got[0]["lease_version"]) if got else None
 
     async def renew_leases(
-        self, owner: str, leases: Sequence[tuple[str, int]], lease_s: float
+        self, owner: str, leases: Sequence[tuple[str, int, float | None]], lease_s: float
     ) -> set[str]:
-        """Extend the leases still held; returns the run_ids that are."""
+        """Extend the leases still held, each (run_id, version, the run's active seconds
+        so far, None if its drive has not started the graph); returns the run_ids held."""
         held: set[str] = set()
         async with self.tx() as tx:
-            for run_id, version in leases:
+            for run_id, version, active_s in leases:
                 got = await tx.fetchone(
-                    f"UPDATE runs SET lease_expires_at = {self.now_sql} + ? "
+                    f"UPDATE runs SET lease_expires_at = {self.now_sql} + ?, "
+                    "active_s = COALESCE(?, active_s) "
                     "WHERE run_id = ? AND lease_owner = ? AND lease_version = ? "
                     "RETURNING run_id",
-                    (lease_s, run_id, owner, version),
+                    (lease_s, active_s, run_id, owner, version),
                 )
                 if got is not None:
                     held.add(run_id)

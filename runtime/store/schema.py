@@ -182,4 +182,10 @@ MIGRATIONS: list[list[str]] = [
         "tool = rtrim(rtrim(tool, replace(tool, '@', '')), '@') "
         "WHERE replace(tool, '@', '') <> tool",
     ],
+    [
+        # A run's active seconds as its drive last reported them with a lease renewal:
+        # the time of a step a crash cuts off is in no checkpoint, and a drive that
+        # takes over starts its clock from whichever is later.
+        "ALTER TABLE runs ADD COLUMN active_s DOUBLE PRECISION NOT NULL DEFAULT 0",
+    ],
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from tests.agents import counter_lines
 from tests.auth import MGR
 from tests.integration.conftest import state_is
@@ -67,6 +69,8 @@ def test_sigkill_while_executing_resumes_without_repeating_finished_calls(
     # The action event is written just before the handler starts; its log line proves it did.
     wait_for_file(server.data_dir / "sleep.log")
     assert counter_lines(server.data_dir) and len(counter_lines(server.data_dir)) == 1
+    # Long enough in the sleep for lease renewals (every 2/3 s) to record the time spent.
+    time.sleep(2.5)
     server.kill()
 
     # Shorten the resumed sleep: same run, same checkpoint; the sleep tool is idempotent.
@@ -83,6 +87,9 @@ def test_sigkill_while_executing_resumes_without_repeating_finished_calls(
     [lost] = [e["data"] for e in events.json() if e["type"] == "error"]
     assert lost["code"] == "WORKER_LOST" and lost["recovery"] == "resume"
     assert calls[1]["attempts"] == 2, calls[1]
+    # The 2.5 s the killed drive spent in the sleep are in no checkpoint; they are
+    # still the run's (a crash must not hand a run its time back).
+    assert final["usage"]["active_s"] >= 1.5, final["usage"]
     assert len(counter_lines(server.data_dir)) == 1
     sleeps = (server.data_dir / "sleep.log").read_text().splitlines()
     assert len(sleeps) == 2 and sleeps[0] == sleeps[1]

@@ -15,6 +15,7 @@ from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
 from runtime.model import Approval, utcnow
 from runtime.store.base import RunStore
+from runtime.store.schema import MIGRATIONS
 from runtime.store.sqlite import SqliteRunStore
 from tests.unit.conftest import MakeRun, build_run
 
@@ -452,15 +453,14 @@ async def test_a_second_cancel_adds_compensation_until_the_drive_decides(
 async def test_approvals_of_an_older_store_get_their_tool_and_version_apart(
     backend: object, make_run: MakeRun
 ) -> None:
-    """Migration 10 on rows written before it, as "name@version" in ``tool``."""
+    """Migration 10 on rows written before it, "name@version" in ``tool``."""
     store = store_of(backend)
     run = await make_run(store)
     await store.ensure_approval(pending_approval(run.run_id, "ap-old"), {})
     await store.ensure_approval(pending_approval(run.run_id, "ap-older"), {})
     async with store.tx() as tx:
-        # The store as it was at version 9.
+        # The approvals as they were at version 9.
         await tx.execute("ALTER TABLE approvals DROP COLUMN version")
-        await tx.execute("DELETE FROM schema_version WHERE version >= 10")
         await tx.execute(
             "UPDATE approvals SET tool = 'publish_report@12' WHERE approval_id = ?", ("ap-old",)
         )
@@ -468,8 +468,30 @@ async def test_approvals_of_an_older_store_get_their_tool_and_version_apart(
             "UPDATE approvals SET tool = 'refund' WHERE approval_id = ?", ("ap-older",)
         )
 
-    await store.migrate()
+    async with store.tx() as tx:
+        for sql in MIGRATIONS[10 - 1]:
+            await tx.execute(sql)
 
     old, older = await store.get_approval("ap-old"), await store.get_approval("ap-older")
     assert old is not None and (old.tool, old.version) == ("publish_report", "12")
     assert older is not None and (older.tool, older.version) == ("refund", "")
+
+
+async def test_a_lease_renewal_records_the_active_time_of_the_drive_holding_it(
+    backend: object, make_run: MakeRun
+) -> None:
+    store = store_of(backend)
+    run = await make_run(store)
+    [(run_id, version)] = await store.claim_runs("w1", 10, 30.0)
+    found = await store.get_run_to_drive(run_id)
+    assert run_id == run.run_id and found is not None and found.active_s == 0.0
+
+    assert await store.renew_leases("w1", [(run_id, version, 12.5)], 30.0) == {run_id}
+    assert await store.renew_leases("w1", [(run_id, version, None)], 30.0) == {run_id}
+    # Nor does anyone but the lease's holder move it.
+    assert await store.renew_leases("w2", [(run_id, version, 99.0)], 30.0) == set()
+
+    found = await store.get_run_to_drive(run_id)
+    assert found is not None and found.active_s == 12.5
+    # Not a field of the public run.
+    assert "active_s" not in found.run.model_dump()
