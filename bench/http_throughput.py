@@ -7,8 +7,9 @@ through its approval interrupt and an approval to a succeeded run.
   on a fresh PostgreSQL database, driven two ways:
 
   - **wait** (what the peer's ``runs/wait`` does): ``POST /runs`` with ``Prefer: wait``
-    answers with the run parked for approval; ``POST /runs/{id}/approvals/{ap}``;
-    ``GET /runs/{id}`` with ``Prefer: wait`` answers with the succeeded run;
+    answers with the run parked for approval; ``POST /runs/{id}/approvals/{ap}`` with
+    ``Prefer: wait`` answers with the decision and the succeeded run (two requests; the
+    peer's flow is three, its thread's creation included);
   - **SSE** (a client that shows every event): ``POST /runs``; ``GET /runs/{id}/events``
     until ``state → waiting_human`` (the ``approval_request`` event names the
     approval); the approval; SSE again from the last seq until ``state → succeeded``.
@@ -92,7 +93,7 @@ async def ours_sse_flow(http: httpx.AsyncClient) -> None:
 
 async def ours_wait_flow(http: httpx.AsyncClient) -> None:
     """The same flow for a client that needs no events: ``Prefer: wait`` (RFC 7240) on
-    ``POST /runs`` answers at the approval, and on ``GET /runs/{id}`` at the end."""
+    ``POST /runs`` answers at the approval, and on the decision at the end."""
     wait = {"Prefer": "wait=50"}  # inside the client's 60 s timeout: a stall shows as the run
     resp = await http.post("/runs", json={"input": QUESTION, "context": EAST}, headers=wait)
     assert resp.status_code == 201, resp.text
@@ -102,10 +103,10 @@ async def ours_wait_flow(http: httpx.AsyncClient) -> None:
     resp = await http.post(
         f"/runs/{run_id}/approvals/{approval_id}",
         json={"decision": "approve", "comment": "ok"},
-        headers=approver_headers(),
+        headers={**approver_headers(), **wait},
     )
     assert resp.status_code == 202, resp.text
-    run = (await http.get(f"/runs/{run_id}", headers=wait)).json()
+    run = resp.json()["run"]
     assert run["state"] == "succeeded", run
 
 

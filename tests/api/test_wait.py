@@ -13,6 +13,7 @@ import pytest
 from server.settings import Settings
 from tests.api.conftest import EAST, QUESTION, Api, make_settings, open_api, states
 from tests.api.helpers import count_runs, problem
+from tests.auth import MGR
 
 SLOW = {"agent_id": "slow_worker", "input": "sleep 30"}
 
@@ -40,6 +41,32 @@ async def test_the_demo_flow_without_following_events(api: Api) -> None:
     assert done.json()["state"] == "succeeded", done.json()
     # Waiting changed nothing the run records: its log is the whole story.
     assert states(await api.events(parked["run_id"]))[-1] == "succeeded"
+
+
+@pytest.mark.parametrize(("decision", "ends"), [("approve", "succeeded"), ("reject", "failed")])
+async def test_a_decision_waited_on_answers_with_the_run_after_it(
+    api: Api, decision: str, ends: str
+) -> None:
+    """LangGraph resumes through ``runs/wait`` in one request: so can a decision."""
+    created = await api.client.post(
+        "/runs", json={"input": QUESTION, "context": EAST}, headers=waiting(30)
+    )
+    parked = created.json()
+    path = f"/runs/{parked['run_id']}/approvals/{parked['pending_approval']['approval_id']}"
+
+    resp = await api.client.post(path, json={"decision": decision}, headers={**MGR, **waiting(30)})
+
+    assert resp.status_code == 202 and resp.headers["preference-applied"] == "wait=30"
+    answer = resp.json()
+    assert answer["status"] == {"approve": "approved", "reject": "rejected"}[decision]
+    assert answer["run"]["state"] == ends, answer["run"]
+    assert answer["run"] == (await api.client.get(f"/runs/{parked['run_id']}")).json()
+    # The same decision again: 200, no second effect, and the run as it ended.
+    again = await api.client.post(path, json={"decision": decision}, headers={**MGR, **waiting(5)})
+    assert again.status_code == 200 and again.json()["run"]["state"] == ends
+    # Without the preference the answer is the approval alone, as it always was.
+    plain = await api.client.post(path, json={"decision": decision}, headers=MGR)
+    assert "run" not in plain.json() and plain.headers["vary"] == "Prefer"
 
 
 async def test_without_the_preference_nothing_waits(api: Api) -> None:

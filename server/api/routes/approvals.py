@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
 from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
 from runtime.model import Approval, ApprovalStatus, Run, Strict
-from server.api.deps import EngineDep, PrincipalDep, RunDep, StoreDep
+from server.api.deps import EngineDep, PrincipalDep, RunDep, ServicesDep, StoreDep
 from server.api.paging import next_link
 from server.api.problems import PROBLEM_RESPONSES
 from server.api.redaction import RunTools
+from server.api.waiting import PREFER_WAIT, VARY, applied, settled, wait_preference, wait_slot
 from server.auth.principal import APPROVER
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["approvals"], responses=PROBLEM_RESPONSES)
 
 
@@ -48,10 +51,19 @@ async def list_approvals(
     return page
 
 
+class DecisionResult(Approval):
+    """The approval as decided; with ``Prefer: wait``, also the run after it."""
+
+    run: Run | None = None
+    """Only where ``Prefer: wait=N`` was applied: the run once it is parked again or has
+    ended (or as it is after N seconds), as ``GET /runs/{id}`` with the same preference
+    would answer. LangGraph's resume through ``runs/wait`` in one request."""
+
+
 @router.post(
     "/runs/{run_id}/approvals/{approval_id}",
-    response_model=Approval,
-    responses={202: {"model": Approval, "description": "decided now; the run resumes"}},
+    response_model=DecisionResult,
+    responses={202: {"model": DecisionResult, "description": "decided now; the run resumes"}},
 )
 async def decide(
     run: RunDep,
@@ -59,7 +71,11 @@ async def decide(
     body: DecisionRequest,
     engine: EngineDep,
     store: StoreDep,
+    services: ServicesDep,
     principal: PrincipalDep,
+    request: Request,
+    # Read with every Prefer line by wait_preference; declared for the API's docs.
+    _prefer: Annotated[str | None, Header(alias="prefer", description=PREFER_WAIT)] = None,
 ) -> JSONResponse:
     approval = await store.get_approval(approval_id)
     if approval is None or approval.run_id != run.run_id:
@@ -74,15 +90,31 @@ async def decide(
         raise RuntimeProblem(
             Code.FOUR_EYES, "the user who started the run cannot approve its own action"
         )
-    approval, won = await engine.decide(
-        run.run_id,
-        approval_id,
-        body.decision,
-        decided_by=principal.user_id,
-        comment=body.comment,
-        via=principal.via,
-    )
-    return JSONResponse(approval.model_dump(mode="json"), status_code=202 if won else 200)
+    wait_s = wait_preference(request, services.settings.max_wait_s)
+    headers = dict(VARY)
+    with wait_slot(services, principal, wait_s):
+        approval, won = await engine.decide(
+            run.run_id,
+            approval_id,
+            body.decision,
+            decided_by=principal.user_id,
+            comment=body.comment,
+            via=principal.via,
+        )
+        answer = approval.model_dump(mode="json")
+        if wait_s is not None:
+            try:
+                now = await store.get_run(run.run_id)
+                if now is not None:
+                    answer["run"] = (await settled(services, request, now, wait_s)).model_dump(
+                        mode="json"
+                    )
+                    headers.update(applied(wait_s))
+            except Exception:
+                # The decision is made: say so, not that deciding failed (the client
+                # would decide again and be told it had, or 409 for the other one).
+                log.warning("waiting after a decision on %s failed", run.run_id, exc_info=True)
+    return JSONResponse(answer, status_code=202 if won else 200, headers=headers)
 
 
 def four_eyes(engine: Engine, run: Run, tool: str, version: str) -> bool:
