@@ -56,7 +56,7 @@ def make_planner_node(
                 observations=[Observation.model_validate(o) for o in state.get("observations", [])],
                 tools=[spec.describe() for spec in tools.specs()],
                 usage=usage,
-                agent_id=agent_id or "",
+                agent_id=agent_id or ctx.agent_id or "",
                 task_data=state.get("task_data"),  # type: ignore[typeddict-item]
                 agents=list(agents),
                 llm_calls_left=limits.max_llm_calls - usage.llm_calls,
@@ -84,7 +84,7 @@ def make_planner_node(
             if decision.kind == "tool_calls" and not decision.tool_calls:
                 decision = Decision(kind="finish", summary="no tool calls proposed")
             # Whose decision it is is the runtime's to say, not the planner's.
-            decision = decision.model_copy(update={"agent_id": agent_id})
+            decision = decision.model_copy(update={"agent_id": agent_id or ctx.agent_id})
             step = Step(
                 run_id=ctx.run_id,
                 step_index=step_index,

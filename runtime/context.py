@@ -29,6 +29,8 @@ class Context:
     drive_started: float = field(default_factory=time.monotonic)
     recorded_before: int | None = None
     """Steps recorded in the store when this drive started (None: unknown)."""
+    agent_id: str | None = None
+    """The run's agent: whose decisions a graph built without an ``agent_id`` makes."""
 
     def may_have_recorded(self, step_index: int) -> bool:
         """Whether an earlier drive may have recorded this step (replay after a crash).
@@ -87,12 +89,13 @@ async def services(runtime: Runtime[Any], state: Mapping[str, Any] | None = None
     run_id = str(thread_id)
     store = await _studio_store()
     state = state or {}
+    agent_id = str(config.get("metadata", {}).get("graph_id") or "studio")
     if run_id not in _studio_runs and await store.get_run(run_id) is None:
         now = utcnow()
         options = RunOptions()
         run = Run(
             run_id=run_id,
-            agent_id=str(config.get("metadata", {}).get("graph_id") or "studio"),
+            agent_id=agent_id,
             input=str(state.get("input") or ""),
             context=run_context(state),
             options=options,
@@ -105,4 +108,4 @@ async def services(runtime: Runtime[Any], state: Mapping[str, Any] | None = None
         await store.create_run(run, content_hash(run.model_dump(mode="json")))
     _studio_runs.add(run_id)
     usage = Usage.model_validate(state.get("usage") or {})
-    return Context(run_id=run_id, store=store, active_base_s=usage.active_s)
+    return Context(run_id=run_id, store=store, active_base_s=usage.active_s, agent_id=agent_id)

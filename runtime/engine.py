@@ -406,6 +406,7 @@ class Engine(RunCommands):
                 store=store,
                 active_base_s=active_at_start(values, active_s),
                 recorded_before=recorded,
+                agent_id=run.agent_id,
             )
             drive = self.drives.get(run_id)
             if drive is not None and drive.task is asyncio.current_task():

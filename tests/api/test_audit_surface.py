@@ -84,3 +84,14 @@ async def test_large_tool_output_is_an_artifact_not_a_checkpoint_blob(api: Api) 
     import hashlib
 
     assert "sha256:" + hashlib.sha256(body.content).hexdigest() == report["artifact_id"]
+
+
+async def test_every_step_names_the_agent_that_decided_it(api: Api) -> None:
+    """The test agents' graphs are built without an agent_id: the run's agent decided."""
+    run = await api.create(agent_id="typo_fixer", input="x")
+    await api.settle(run["run_id"])
+
+    steps = (await api.client.get(f"/runs/{run['run_id']}/steps")).json()
+
+    assert len(steps) >= 2
+    assert {s["decision"]["agent_id"] for s in steps} == {"typo_fixer"}
