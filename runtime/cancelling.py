@@ -94,9 +94,9 @@ class CutOff:
 
 async def cut_off_usage(store: RunStore, run: Run, cut: CutOff) -> dict[str, Any]:
     """The run's usage at the cut, with the calls of the step it stopped charged where
-    their handler had started (this episode of it, for a call a human sent back): the
-    executor charges a step's calls together when it returns, and this one never will,
-    though some of them may have finished and had their effect."""
+    their handler had started: the executor charges a step's calls together when it
+    returns, and this one never will, though some of them may have finished and had
+    their effect. A call a human sent back to run again was charged when it first ran."""
     usage = Usage.model_validate(cut.values["usage"]) if cut.values.get("usage") else run.usage
     if cut.active_s is not None:
         usage = usage.model_copy(update={"active_s": cut.active_s})
@@ -110,8 +110,9 @@ async def cut_off_usage(store: RunStore, run: Run, cut: CutOff) -> dict[str, Any
         started = [
             call
             for call in calls
-            if (row := rows.get(call["tool_call_id"])) is not None
-            and row.attempts > call.get("unknown_after_attempts", 0)
+            if call.get("kind") != "outcome_unknown"
+            and (row := rows.get(call["tool_call_id"])) is not None
+            and row.attempts > 0
         ]
         usage = usage.model_copy(update={"tool_calls": usage.tool_calls + len(started)})
     return usage.model_dump()

@@ -167,3 +167,29 @@ async def test_compensation_asked_by_a_second_cancel_is_done(
     final = await store.get_run(run.run_id)
     assert final is not None and final.outcome is not None
     assert final.outcome.compensations == [row.tool_call_id] and undone == [row.idempotency_key]
+
+
+async def test_a_cut_charges_calls_started_once_and_a_re_run_not_again(
+    backend: object, make_run: MakeRun
+) -> None:
+    """A call a human sent back to run again after an unknown outcome was charged when
+    it first ran: cut off in its re-run, it is not charged a second time."""
+    store = store_of(backend)
+    run = await make_run(store)
+    rows = [
+        ledger_row(run.run_id).model_copy(update={"tool_call_id": f"tc-{i}", "call_index": i})
+        for i in range(3)
+    ]
+    for row in rows[:2]:
+        await store.start_tool_call(row, {})  # started: attempts 1
+    await store.claim_tool_call(rows[1].tool_call_id, 1)  # run again: attempts 2
+    calls = [
+        {"tool_call_id": "tc-0"},  # started in the cut step: charged
+        {"tool_call_id": "tc-1", "kind": "outcome_unknown", "unknown_after_attempts": 1},
+        {"tool_call_id": "tc-2"},  # never started: not charged
+    ]
+    before = {"usage": Usage(tool_calls=4).model_dump(), "calls": calls}
+
+    charged = await cut_off_usage(store, run, CutOff(before))
+
+    assert charged["tool_calls"] == 5
