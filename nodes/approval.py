@@ -101,8 +101,12 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
                 # "Don't run it again" after an unknown outcome is a planner matter.
                 on_reject = "replan" if kind == "outcome_unknown" else spec.on_reject
                 rejected.append({"call": call, "on_reject": on_reject, "row": row})
-                if on_reject == "fail":
-                    break  # the run ends: asking about the step's other calls is pointless
+                if on_reject == "fail" or kind != "outcome_unknown":
+                    # The run ends, or its planner decides again (DESIGN §3: rejected →
+                    # failed or planning): the step's other calls will not run, so
+                    # asking about them is pointless. (Whether an unknown outcome is
+                    # to be run again is asked of each: it happened or not regardless.)
+                    break
         if not rejected:
             return {}
         if all(r["on_reject"] == "replan" for r in rejected):

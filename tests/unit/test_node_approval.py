@@ -131,15 +131,32 @@ async def test_a_failing_rejection_does_not_ask_about_the_rest(env: NodeEnv) -> 
     assert len(await env.store.list_approvals(run_id=env.run_id)) == 1
 
 
+async def test_a_replanning_rejection_does_not_ask_about_the_rest(env: NodeEnv) -> None:
+    """The planner decides again: the step's other calls will not run, so a human is
+    not asked to approve one (it would be approved and never run)."""
+    graph = OneNode(env)
+    state = await guarded(env, call("refund_soft", amount=5), call("refund", amount=6))
+    await graph.run(state)
+
+    final = await graph.run(Command(resume={"decision": "reject", "comment": "soft"}))
+
+    assert final.get("outcome") is None and final["calls"] == [] and await graph.asked() == []
+    [obs] = final["observations"]
+    assert (obs["tool_call_id"], obs["status"]) == (
+        state["calls"][0]["tool_call_id"],
+        "APPROVAL_REJECTED",
+    )
+    assert len(await env.store.list_approvals(run_id=env.run_id)) == 1
+
+
 async def test_the_run_ends_naming_the_rejection_that_ends_it(env: NodeEnv) -> None:
     graph = OneNode(env)
     state = await guarded(env, call("refund_soft", amount=5), call("refund", amount=6))
     await graph.run(state)
-    await graph.run(Command(resume={"decision": "reject", "comment": "soft"}))
+    await graph.run(Command(resume={"decision": "approve"}))
 
     final = await graph.run(Command(resume={"decision": "reject", "comment": "hard"}))
 
-    # The first rejection alone would go back to the planner; the second ends the run.
     assert final["outcome"]["tool_call_id"] == state["calls"][1]["tool_call_id"]
     assert (
         final["outcome"]["message"].startswith("refund@1 rejected")
