@@ -18,7 +18,7 @@ import os
 import socket
 import sqlite3
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,11 +64,20 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def active_at_start(values: Mapping[str, Any] | None, renewed: float) -> float:
-    """The run's active time as a drive starts: its checkpoint's, or what the last
-    lease renewal recorded where a crash cut a step off after that checkpoint."""
-    usage = Usage.model_validate((values or {}).get("usage") or {})
+def active_at_start(
+    values: Mapping[str, Any] | None, renewed: float, recorded: Usage | None = None
+) -> float:
+    """The run's active time as a drive starts: its checkpoint's (``recorded``, the run
+    row's, where none could be read), or what the last lease renewal recorded where a
+    crash cut a step off after that checkpoint."""
+    raw = (values or {}).get("usage")
+    usage = Usage.model_validate(raw) if raw else (recorded or Usage())
     return max(usage.active_s, renewed)
+
+
+def _stopped_at(active_s: float) -> Callable[[], float]:
+    """A clock stopped at ``active_s``: the graph was cut off, the rest is not its work."""
+    return lambda: active_s
 
 
 @dataclass
@@ -222,7 +231,8 @@ class Engine(RunCommands):
                 # Already stopping: a second cancel notice must not cut this short.
                 self._cancelling.add(run_id)
                 values = await self._checkpointed_values(found.run)
-                progress.cut = CutOff(values, active_at_start(values, found.active_s))
+                active = active_at_start(values, found.active_s, found.run.usage)
+                progress.cut = CutOff(values, active)
                 await finish_cancel(store, self._setting_of, run_id, *found.cancel, progress.cut)
             elif found is not None and found.run.state not in TERMINAL:
                 try:
@@ -263,7 +273,9 @@ class Engine(RunCommands):
                 how = "handed_back"
                 release = True
                 await asyncio.shield(_flush_quietly(store))
-                await asyncio.shield(self._release(run_id, version, True))
+                # With the time its graph ran since the last renewal: not the run's to lose.
+                stopped = self._clock_reading(run_id)
+                await asyncio.shield(self._release(run_id, version, True, active_s=stopped))
                 raise
         except TRANSIENT_DB_ERRORS as exc:
             how = "db_error"
@@ -291,6 +303,18 @@ class Engine(RunCommands):
             await asyncio.shield(_flush_quietly(store))
         finally:  # a cancel notice landing here must not keep the lease from its release
             await asyncio.shield(self._release(run_id, version, release, retry_in, failures))
+
+    def _clock(self, run_id: str, active_s: Callable[[], float]) -> None:
+        """What this drive's lease renewals record as the run's active time."""
+        drive = self.drives.get(run_id)
+        if drive is not None and drive.task is asyncio.current_task():
+            drive.active_s = active_s
+
+    def _clock_reading(self, run_id: str) -> float | None:
+        drive = self.drives.get(run_id)
+        if drive is None or drive.active_s is None or drive.task is not asyncio.current_task():
+            return None
+        return drive.active_s()
 
     async def _checkpointed_values(self, run: Run) -> Mapping[str, Any]:
         """The graph values of the run's last checkpoint (none for a run never driven)."""
@@ -329,6 +353,8 @@ class Engine(RunCommands):
         needs_drive: bool | None,
         retry_in: float | None = None,
         failures: int | None = None,
+        *,
+        active_s: float | None = None,
     ) -> None:
         with contextlib.suppress(*TRANSIENT_DB_ERRORS):
             pending = await self.store.release_lease(
@@ -338,6 +364,7 @@ class Engine(RunCommands):
                 needs_drive=needs_drive,
                 retry_in=retry_in,
                 failures=failures,
+                active_s=active_s,
             )
             if retry_in is not None and pending is not None:
                 # Any worker may retry it then; this one wakes for it, not at its sweep.
@@ -385,7 +412,10 @@ class Engine(RunCommands):
         adapter = Adapter(store, run)
         values, interrupts = snapshot.values, [i.value for i in snapshot.interrupts]
         just_asked = False  # the graph interrupted a moment ago, in this drive
+        ctx: Context | None = None
         while True:
+            if ctx is not None:  # looking again in the same drive: its time is spent
+                active_s = max(active_s, ctx.active_s())
             if interrupts:
                 # A question just asked has no answer yet, or parking finds it (it checks
                 # the approval in the same transaction): no read here.
@@ -408,9 +438,7 @@ class Engine(RunCommands):
                 recorded_before=recorded,
                 agent_id=run.agent_id,
             )
-            drive = self.drives.get(run_id)
-            if drive is not None and drive.task is asyncio.current_task():
-                drive.active_s = ctx.active_s
+            self._clock(run_id, ctx.active_s)
             remaining = run.limits.timeout_s - ctx.active_base_s
             streamed: list[Any] = []  # the interrupts the stream reported
             try:
@@ -431,11 +459,16 @@ class Engine(RunCommands):
                             progress.tasks += 1
                             await adapter.on_task_start(part["name"])
             except asyncio.CancelledError:
-                progress.cut = CutOff(adapter.values or values or {}, ctx.active_s())
+                spent = ctx.active_s()
+                progress.cut = CutOff(adapter.values or values or {}, spent)
+                self._clock(run_id, _stopped_at(spent))
                 raise
             except TimeoutError:
+                spent = ctx.active_s()
+                # Settling and reconciling the cut calls is not the run's work.
+                self._clock(run_id, _stopped_at(spent))
                 charged = await cut_off_usage(
-                    store, run, CutOff(adapter.values or values or {}, ctx.active_s())
+                    store, run, CutOff(adapter.values or values or {}, spent)
                 )
                 running = await settle_running_calls(
                     store,

@@ -286,7 +286,8 @@ class Renderer:
             comment = f": {compact(ap['comment'])}" if ap.get("comment") else ""
             lines.append(
                 self.clip(
-                    f"  {ap.get('approval_id')} {ap.get('tool')}@{ap.get('version')} "
+                    f"  {ap.get('approval_id')} {ap.get('tool')}"
+                    f"{'@' + ap['version'] if ap.get('version') else ''} "
                     f"(risk {ap.get('risk')}) "
                     f"{ap.get('status')}{decided}{comment}"
                 )

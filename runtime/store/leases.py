@@ -111,8 +111,10 @@ class LeaseQueries(StoreCore):
         needs_drive: bool | None,
         retry_in: float | None = None,
         failures: int | None = None,
+        active_s: float | None = None,
     ) -> bool | None:
-        """Give the run back; ``needs_drive`` None leaves the flag as it is.
+        """Give the run back; ``needs_drive`` None leaves the flag as it is; ``active_s``:
+        the run's active time when its drive stopped, for the next one (as a renewal).
 
         ``retry_in``: the drive failed on a database error; the run is driven again
         (by any worker) no sooner than this many seconds from now (at once if a cancel
@@ -140,6 +142,9 @@ class LeaseQueries(StoreCore):
         sets += f", needs_drive = CASE WHEN {ENDED} THEN 0 ELSE {keep} END"
         if needs_drive is not None:
             params.append(int(needs_drive))
+        if active_s is not None:
+            sets += ", active_s = ?"
+            params.append(active_s)
         got = await self.write_once(
             f"UPDATE runs SET {sets} WHERE run_id = ? AND lease_owner = ? "
             "AND lease_version = ? RETURNING needs_drive",

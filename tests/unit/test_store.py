@@ -495,3 +495,8 @@ async def test_a_lease_renewal_records_the_active_time_of_the_drive_holding_it(
     assert found is not None and found.active_s == 12.5
     # Not a field of the public run.
     assert "active_s" not in found.run.model_dump()
+
+    # A drive handing the run back says how far its clock got, as a renewal would.
+    assert await store.release_lease(run_id, "w1", version, needs_drive=True, active_s=14.0)
+    found = await store.get_run_to_drive(run_id)
+    assert found is not None and found.active_s == 14.0
