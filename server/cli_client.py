@@ -189,10 +189,12 @@ class Cli:
         return self.ending(run)
 
     def decision_text(self, approval: JSON, now: bool) -> str:
+        from server.client_render import tool_ref
+
         comment = f": {approval['comment']}" if approval.get("comment") else ""
         return (
             f"{'' if now else 'already '}{approval.get('status')} {approval.get('approval_id')} "
-            f"({approval.get('tool')}) by {approval.get('decided_by')}{comment}"
+            f"({tool_ref(approval)}) by {approval.get('decided_by')}{comment}"
         )
 
     def settle(self, run_id: str, approval_id: str, wait_s: float) -> JSON:

@@ -47,6 +47,12 @@ def symbols_for(stream: TextIO) -> dict[str, str]:
     return UNICODE if encoding in ("utf8", "utf8sig") else ASCII
 
 
+def tool_ref(item: JSON) -> str:
+    """``tool@version`` of a call or an approval (just the tool where none is given)."""
+    version = item.get("version")
+    return f"{item.get('tool')}@{version}" if version else str(item.get("tool"))
+
+
 def compact(value: Any) -> str:
     """One line: strings as they are, everything else as compact JSON."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
@@ -248,10 +254,7 @@ class Renderer:
         lines += ["", "steps:"]
         for step in trace.get("steps") or []:
             decision: JSON = step.get("decision") or {}
-            calls = ", ".join(
-                f"{c.get('tool')}{'@' + c['version'] if c.get('version') else ''}"
-                for c in decision.get("tool_calls") or []
-            )
+            calls = ", ".join(tool_ref(c) for c in decision.get("tool_calls") or [])
             what = f"{s['arrow']} {calls}" if calls else f"{s['arrow']} answer"
             if decision.get("handoff"):
                 what = f"{s['arrow']} {decision['handoff'].get('agent_id')}"
@@ -286,8 +289,7 @@ class Renderer:
             comment = f": {compact(ap['comment'])}" if ap.get("comment") else ""
             lines.append(
                 self.clip(
-                    f"  {ap.get('approval_id')} {ap.get('tool')}"
-                    f"{'@' + ap['version'] if ap.get('version') else ''} "
+                    f"  {ap.get('approval_id')} {tool_ref(ap)} "
                     f"(risk {ap.get('risk')}) "
                     f"{ap.get('status')}{decided}{comment}"
                 )
