@@ -310,6 +310,13 @@ class Engine(RunCommands):
         if drive is not None and drive.task is asyncio.current_task():
             drive.active_s = active_s
 
+    def _unless_cancelled(self, run_id: str) -> None:
+        """Stop here if a cancel notice came: its ``task.cancel()`` can be swallowed by
+        the code it lands in (a tool, a driver mid-pipeline), and the graph would go on
+        to its next node, or park, as if nobody had asked."""
+        if run_id in self._cancelling:
+            raise asyncio.CancelledError(f"cancel of {run_id} requested")
+
     def _clock_reading(self, run_id: str) -> float | None:
         drive = self.drives.get(run_id)
         if drive is None or drive.active_s is None or drive.task is not asyncio.current_task():
@@ -450,6 +457,7 @@ class Engine(RunCommands):
                         stream_mode=["tasks", "values"],
                         durability="sync",
                     ):
+                        self._unless_cancelled(run_id)
                         if mode == "values":
                             if INTERRUPT in part:
                                 streamed = [i.value for i in part[INTERRUPT]]
@@ -458,6 +466,7 @@ class Engine(RunCommands):
                         elif mode == "tasks" and "input" in part:
                             progress.tasks += 1
                             await adapter.on_task_start(part["name"])
+                    self._unless_cancelled(run_id)
             except asyncio.CancelledError:
                 spent = ctx.active_s()
                 progress.cut = CutOff(adapter.values or values or {}, spent)

@@ -190,6 +190,21 @@ class ScriptPlanner:
         return self.script(view)
 
 
+class SwallowingPlanner:
+    """Thinks for the seconds its input says and swallows a cancel while it does, as
+    the code a cancel lands in sometimes does (a driver mid-pipeline); then counts,
+    a side effect, and finishes."""
+
+    async def next_step(self, view: PlannerView) -> Decision:
+        if view.observations:
+            return finish("counted")
+        try:
+            await asyncio.sleep(float(view.input.split()[-1]))
+        except asyncio.CancelledError:
+            pass
+        return call("counter", label="after the cancel")
+
+
 def call(tool: str, **args: object) -> Decision:
     return Decision(
         kind="tool_calls",
@@ -351,6 +366,12 @@ def build_agents(settings: Settings) -> list[AgentSpec]:
         for name, script in SCRIPTS.items()
     ] + [
         AgentSpec(
+            agent_id="swallower",
+            description=SwallowingPlanner.__doc__ or "swallower",
+            builder=build_run_graph(SwallowingPlanner(), tools, DefaultPolicy()),
+            tools=tools,
+        ),
+        AgentSpec(
             agent_id="delegator",
             description=delegator.__doc__ or "delegator",
             builder=build_run_graph(
@@ -361,5 +382,5 @@ def build_agents(settings: Settings) -> list[AgentSpec]:
                 handoffs=sub_agents(tools),
             ),
             tools=tools,
-        )
+        ),
     ]

@@ -255,6 +255,13 @@ class RunStore(
                 await self._update_run(tx, run_id, needs_drive=0, **fields)
             else:
                 await self._transition(tx, run_id, Trigger.NEED_APPROVAL, expect, (), fields)
+            # A cancel asked for while the drive went on (its notice lost, or swallowed
+            # by the code it interrupted): the run is not to wait for a human but to end,
+            # by the next drive.
+            await tx.execute(
+                "UPDATE runs SET needs_drive = 1 WHERE run_id = ? AND cancel_requested IS NOT NULL",
+                (run_id,),
+            )
             updated = await tx.fetchone("SELECT * FROM runs WHERE run_id = ?", (run_id,))
         return Run.model_validate(_dec(updated)) if updated else None
 

@@ -11,7 +11,7 @@ import asyncio
 import sqlite3
 from typing import Any
 
-from tests.agents import UNREFUNDABLE, transfer_lines
+from tests.agents import UNREFUNDABLE, counter_lines, transfer_lines
 from tests.api.conftest import Api
 from tests.api.helpers import parked_demo_run
 from tools.retail import outbox_rows
@@ -205,3 +205,20 @@ async def test_a_publish_cut_off_in_its_thread_never_lands_behind_the_record(api
         assert [(r["idempotency_key"], r["subject"]) for r in rows] == [
             (call["idempotency_key"], "")
         ]
+
+
+async def test_a_cancel_the_graph_swallowed_still_stops_the_run(api: Api) -> None:
+    """A cancel's task.cancel() can be swallowed by the code it lands in (the race probe
+    saw LangGraph and psycopg do it): the graph went on, parked or took another step,
+    and the cancel answered 202 was never carried out."""
+    run = await api.create(agent_id="swallower", input="think 1.5")
+    run_id = run["run_id"]
+    await api.wait_event(run_id, lambda e: e["data"].get("to") == "planning")
+    await asyncio.sleep(0.2)  # inside the planner's thinking
+
+    resp = await api.client.post(f"/runs/{run_id}/cancel", json={"reason": "stop"})
+
+    assert resp.status_code in (200, 202), resp.text
+    final = await api.settle(run_id)
+    assert (final["state"], final["outcome"]["code"]) == ("failed", "RUN_CANCELLED"), final
+    assert counter_lines(api.settings.data_dir) == [], "nothing runs after a cancel"

@@ -500,3 +500,28 @@ async def test_a_lease_renewal_records_the_active_time_of_the_drive_holding_it(
     assert await store.release_lease(run_id, "w1", version, needs_drive=True, active_s=14.0)
     found = await store.get_run_to_drive(run_id)
     assert found is not None and found.active_s == 14.0
+
+
+async def test_a_run_parked_with_a_cancel_asked_for_is_left_to_be_driven(
+    backend: object, make_run: MakeRun
+) -> None:
+    """A drive that parks without having heard of a cancel (its notice lost, or
+    swallowed) must not leave the cancel to wait for a human's decision."""
+    store = store_of(backend)
+    asked = await make_run(store, state=State.EXECUTING)
+    quiet = await make_run(store, state=State.EXECUTING)
+    for run in (asked, quiet):
+        version = await store.take_lease(run.run_id, "w1", 30.0)
+        assert version is not None
+        approval = pending_approval(run.run_id, f"ap-{run.run_id}")
+        await store.ensure_approval(approval, {"approval_id": approval.approval_id})
+        if run is asked:
+            assert await store.request_cancel(run.run_id, "stop", compensate=False)
+        await store.fenced(run.run_id, version).park(
+            run.run_id, approval.approval_id, State.EXECUTING
+        )
+
+    for run, driven in ((asked, True), (quiet, False)):
+        found = await store.get_run_drive(run.run_id)
+        assert found is not None and found[0].state is State.WAITING_HUMAN
+        assert found[1] is driven
