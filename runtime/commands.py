@@ -134,11 +134,11 @@ class RunCommands:
         if run is None:
             raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run_id}")
         if run.state in TERMINAL:
-            return _cancelled(run)
+            return await self._cancelled(run, compensate)
         if not await self.store.request_cancel(run_id, reason, compensate, requested_by):
             ended = await self.store.get_run(run_id)  # it ended as we looked
             assert ended is not None
-            return _cancelled(ended)
+            return await self._cancelled(ended, compensate)
         self.on_cancel_notice(run_id)
         if run_id not in self.drives and self.renews_leases:
             # Nobody drives it (queued behind full workers, parked, or its worker died):
@@ -153,10 +153,25 @@ class RunCommands:
                 run_id, wait_s if wait_s is not None else self.lease_s
             )
             # It may have ended otherwise before the cancel reached it (succeeded, say).
-            return _cancelled(ended)
+            return await self._cancelled(ended, compensate)
         final = await self.store.get_run(run_id)
         assert final is not None
-        return _cancelled(final) if final.state in TERMINAL else final
+        return await self._cancelled(final, compensate) if final.state in TERMINAL else final
+
+    async def _cancelled(self, run: Run, compensate: bool) -> Run:
+        """An ended run as the answer to a cancel: itself if a cancel ended it as asked,
+        a conflict if it ended otherwise, or without the compensation now asked for
+        (nobody would carry it out)."""
+        if run.outcome is None or run.outcome.code is not Code.RUN_CANCELLED:
+            raise RuntimeProblem(Code.RUN_STATE_CONFLICT, f"run is already {run.state.value}")
+        if compensate:
+            intent = await self.store.cancel_requested(run.run_id)
+            if intent is None or not intent[1]:
+                raise RuntimeProblem(
+                    Code.RUN_STATE_CONFLICT,
+                    "run was cancelled without compensation; it is too late to ask for it",
+                )
+        return run
 
     def on_cancel_notice(self, run_id: str) -> None:
         """A cancel was requested (here or in another process): stop our drive of it."""
@@ -241,11 +256,3 @@ class RunCommands:
             if len(page) < HISTORY_PAGE:
                 return None
             before = page[-1].config
-
-
-def _cancelled(run: Run) -> Run:
-    """An ended run as the answer to a cancel: itself if the cancel ended it (or an
-    earlier one did), a conflict if it ended otherwise."""
-    if run.outcome is not None and run.outcome.code is Code.RUN_CANCELLED:
-        return run
-    raise RuntimeProblem(Code.RUN_STATE_CONFLICT, f"run is already {run.state.value}")

@@ -13,7 +13,7 @@ from typing import Any
 
 from tests.agents import UNREFUNDABLE, counter_lines, transfer_lines
 from tests.api.conftest import Api
-from tests.api.helpers import parked_demo_run
+from tests.api.helpers import parked_demo_run, problem
 from tools.retail import outbox_rows
 
 
@@ -70,6 +70,15 @@ async def test_without_compensation_the_effect_is_still_reported(api: Api) -> No
     assert final["outcome"]["side_effects"] == [call["tool_call_id"]]
     assert final["outcome"]["compensations"] == []
     assert transfer_lines(api.settings.data_dir) == [f"{call['idempotency_key']} 5"]
+    # Asking for compensation once the cancel is done is too late, and said so: it was
+    # answered 200, and nobody ever compensated.
+    late = await api.client.post(
+        f"/runs/{final['run_id']}/cancel", json={"reason": "undo it", "compensate": True}
+    )
+    problem(late, 409, "RUN_STATE_CONFLICT")
+    # Asking again as the cancel was is answered with the run, as before.
+    same = await api.client.post(f"/runs/{final['run_id']}/cancel", json={"reason": "again"})
+    assert same.status_code == 200 and same.json()["outcome"]["code"] == "RUN_CANCELLED"
 
 
 async def test_a_timeout_that_cuts_an_effect_off_records_it_too(api: Api) -> None:
