@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -96,6 +98,23 @@ def install(app: FastAPI) -> None:
         code = _HTTP_CODES.get(exc.status_code, Code.INTERNAL_ERROR)
         return problem_response(
             code, str(exc.detail), instance=request.url.path, status=exc.status_code
+        )
+
+    @app.exception_handler(psycopg.OperationalError)
+    @app.exception_handler(sqlite3.OperationalError)
+    async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # SQLite's OperationalError also means bad SQL: only a busy or failing file is
+        # the database being unavailable; PostgreSQL's is a lost connection or a pool
+        # whose every connection stayed busy through its wait.
+        text = str(exc).lower()
+        if isinstance(exc, sqlite3.OperationalError) and not ("locked" in text or "disk" in text):
+            return await unexpected(request, exc)
+        log.warning("database unavailable on %s: %s", request.url.path, exc)
+        return problem_response(
+            Code.UNAVAILABLE,
+            "the database is unavailable or busy; try again",
+            instance=request.url.path,
+            extra={"retry_after": 1},
         )
 
     @app.exception_handler(Exception)
