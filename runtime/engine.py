@@ -278,15 +278,23 @@ class Engine(RunCommands):
                 await asyncio.shield(self._release(run_id, version, True, active_s=stopped))
                 raise
         except TRANSIENT_DB_ERRORS as exc:
-            how = "db_error"
-            # A drive that moved the run on before it failed starts the count again: a
-            # long run may meet several failovers; a failure that lasts stops it dead.
-            # (None: the drive could not even read the count; the store adds one.)
-            if progress.made:
-                failures = 1
-            elif failures is not None:
-                failures += 1
-            retry_in = await after_failed_drive(store, run_id, failures or 1, exc, self.retry)
+            if run_id in self._cancelling:
+                # The cancel's task.cancel() landed in a database call, which turned it
+                # into an error (psycopg leaving a pipeline does): not the database
+                # failing. The next drive reads the cancel and carries it out.
+                how = "cancelled"
+                log.info("the cancel of %s interrupted a database call: %s", run_id, exc)
+                release = True
+            else:
+                how = "db_error"
+                # A drive that moved the run on before it failed starts the count again:
+                # a long run may meet several failovers; a failure that lasts stops it
+                # dead. (None: the drive could not read the count; the store adds one.)
+                if progress.made:
+                    failures = 1
+                elif failures is not None:
+                    failures += 1
+                retry_in = await after_failed_drive(store, run_id, failures or 1, exc, self.retry)
         except Exception as exc:
             how = "failed"
             log.exception("run %s failed", run_id)
