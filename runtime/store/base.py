@@ -277,7 +277,8 @@ class RunStore(
         False if the run has ended (it ended after the caller looked: nothing to stop).
 
         A second cancel before the first is carried out keeps the first's reason and
-        requester, and asks for compensation if either did; once the drive carrying it
+        requester, and asks for compensation if either did (naming who added it); once
+        the drive carrying it
         out has decided not to compensate (:meth:`seal_cancel`), asking for it is a
         conflict rather than a request accepted and never done."""
         intent = {"reason": reason, "compensate": compensate, "requested_by": requested_by}
@@ -293,6 +294,8 @@ class RunStore(
                         "the run is being cancelled without compensation already",
                     )
                 intent = {**first, "compensate": bool(first["compensate"]) or compensate}
+                if compensate and not first["compensate"]:
+                    intent["compensate_requested_by"] = requested_by
             # An unowned run backing off after a failed drive is claimable at once: the
             # cancel must not wait for the retry.
             await tx.execute(
@@ -454,4 +457,8 @@ def _cancel_intent(stored: str | None) -> tuple[str, bool] | None:
     intent = json.loads(stored)
     by = intent.get("requested_by")
     reason = f"{intent['reason']} (requested by {by})" if by else str(intent["reason"])
+    if "compensate_requested_by" in intent:  # a second cancel asked for compensation
+        reason += (
+            f"; compensation asked for by {intent['compensate_requested_by'] or 'another cancel'}"
+        )
     return reason, bool(intent["compensate"])

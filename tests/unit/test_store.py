@@ -442,7 +442,11 @@ async def test_a_second_cancel_adds_compensation_until_the_drive_decides(
 
     assert await store.request_cancel(first.run_id, "halt", compensate=True, requested_by="adm")
     assert await store.request_cancel(first.run_id, "again", compensate=False)
-    assert await store.cancel_requested(first.run_id) == ("stop (requested by u1)", True)
+    # The first's reason and requester stay; who added compensation is said too.
+    assert await store.cancel_requested(first.run_id) == (
+        "stop (requested by u1); compensation asked for by adm",
+        True,
+    )
     with pytest.raises(RuntimeProblem) as refused:
         await store.request_cancel(decided.run_id, "undo", compensate=True, requested_by="adm")
     assert refused.value.code is Code.RUN_STATE_CONFLICT
