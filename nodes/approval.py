@@ -16,8 +16,8 @@ from langgraph.types import interrupt
 
 from runtime import ids
 from runtime.context import Context, services
-from runtime.errors import Code
-from runtime.events import summarize
+from runtime.errors import CODES, Code
+from runtime.events import EventType, summarize
 from runtime.model import Approval, ApprovalDecision, Awaiting, utcnow
 from runtime.state import RunState, failed, run_context
 from runtime.tooling import ToolResolver
@@ -37,6 +37,46 @@ def parse_decision(answer: Any) -> tuple[ApprovalDecision, str | None, str]:
         "approved" if raw in ("approve", "approved", "yes", "true") else "rejected"
     )
     return status, comment, by
+
+
+async def not_run(
+    ctx: Context, state: RunState, rejected: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The step's other calls, which a replanning rejection keeps from running (approved
+    ones too: the planner decides the step again): on the record, each with an error
+    event, and told to the planner. Not an unknown outcome sent back: it ran once."""
+    gone = {r["call"]["tool_call_id"] for r in rejected}
+    why = ", ".join(f"{r['call']['tool']} {r['call']['tool_call_id']}" for r in rejected)
+    message = f"not run: the rejection of {why} sent its step back to the planner"
+    observations = []
+    for call in state.get("calls", []):
+        tc_id = call["tool_call_id"]
+        if tc_id in gone or call.get("kind") == "outcome_unknown":
+            continue
+        await ctx.store.append_event(
+            ctx.run_id,
+            EventType.ERROR,
+            {
+                "code": Code.CALL_NOT_RUN.value,
+                "message": message,
+                "tool_call_id": tc_id,
+                "step_index": state["step_index"],
+                "call_index": call["call_index"],
+                "recovery": CODES[Code.CALL_NOT_RUN].recovery,
+            },
+            dedupe_key=f"error:{tc_id}",
+        )
+        observations.append(
+            {
+                "step_index": state["step_index"],
+                "tool_call_id": tc_id,
+                "tool": call["tool"],
+                "status": Code.CALL_NOT_RUN.value,
+                "error": message,
+                "summary": "not run: its step went back to the planner",
+            }
+        )
+    return observations
 
 
 def make_approval_node(tools: ToolResolver) -> NodeFn:
@@ -112,7 +152,8 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
         if all(r["on_reject"] == "replan" for r in rejected):
             return {
                 "calls": [],
-                "observations": [
+                "observations": await not_run(ctx, state, rejected)
+                + [
                     {
                         "step_index": state["step_index"],
                         "tool_call_id": r["call"]["tool_call_id"],

@@ -40,6 +40,7 @@ class Code(StrEnum):
     APPROVAL_REJECTED = "APPROVAL_REJECTED"
     CHECKPOINT_ERROR = "CHECKPOINT_ERROR"
     WORKER_LOST = "WORKER_LOST"
+    CALL_NOT_RUN = "CALL_NOT_RUN"
     # API problems.
     VALIDATION_ERROR = "VALIDATION_ERROR"
     RUN_NOT_FOUND = "RUN_NOT_FOUND"
@@ -90,6 +91,9 @@ CODES: dict[Code, CodeInfo] = {
     C.RUN_CANCELLED: CodeInfo("Run cancelled", R.COMPENSATE, 409, Trigger.CANCEL),
     C.APPROVAL_REJECTED: CodeInfo("A human rejected the action", R.NONE, 409, Trigger.REJECTED),
     C.CHECKPOINT_ERROR: CodeInfo("State cannot be persisted", R.RESUME, 503),
+    C.CALL_NOT_RUN: CodeInfo(
+        "A call was not run: a rejection sent its step back to the planner", R.REPLAN, 409
+    ),
     C.WORKER_LOST: CodeInfo(
         "The worker driving the run stopped; another resumed it from its checkpoint",
         R.RESUME,

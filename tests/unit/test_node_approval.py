@@ -141,12 +141,46 @@ async def test_a_replanning_rejection_does_not_ask_about_the_rest(env: NodeEnv) 
     final = await graph.run(Command(resume={"decision": "reject", "comment": "soft"}))
 
     assert final.get("outcome") is None and final["calls"] == [] and await graph.asked() == []
-    [obs] = final["observations"]
-    assert (obs["tool_call_id"], obs["status"]) == (
-        state["calls"][0]["tool_call_id"],
-        "APPROVAL_REJECTED",
-    )
+    soft, hard = state["calls"]
+    assert {o["tool_call_id"]: o["status"] for o in final["observations"]} == {
+        soft["tool_call_id"]: "APPROVAL_REJECTED",
+        hard["tool_call_id"]: "CALL_NOT_RUN",
+    }
     assert len(await env.store.list_approvals(run_id=env.run_id)) == 1
+
+
+async def test_an_approved_call_a_later_rejection_drops_is_on_the_record(env: NodeEnv) -> None:
+    """Approved, then its step sent back to the planner by a sibling's rejection: it
+    never runs, and the record and the planner say so (two probes found it silent)."""
+    graph = OneNode(env)
+    state = await guarded(
+        env,
+        call("refund_soft", amount=5),
+        call("refund_soft", amount=6),
+        call("echo", text="a", n=1),
+    )
+    await graph.run(state)
+    await graph.run(Command(resume={"decision": "approve"}))
+
+    final = await graph.run(Command(resume={"decision": "reject", "comment": "not 6"}))
+
+    approved, rejected, plain = state["calls"]
+    assert final.get("outcome") is None and final["calls"] == []
+    assert {o["tool_call_id"]: o["status"] for o in final["observations"]} == {
+        approved["tool_call_id"]: "CALL_NOT_RUN",
+        rejected["tool_call_id"]: "APPROVAL_REJECTED",
+        plain["tool_call_id"]: "CALL_NOT_RUN",
+    }
+    errors = [e.data for e in await env.store.list_events(env.run_id) if e.type == "error"]
+    assert [(e["code"], e["tool_call_id"], e["recovery"]) for e in errors] == [
+        ("CALL_NOT_RUN", approved["tool_call_id"], "replan"),
+        ("CALL_NOT_RUN", plain["tool_call_id"], "replan"),
+    ]
+    assert rejected["tool_call_id"] in errors[0]["message"]
+    # The node replays on resume: the record is not written twice.
+    await graph.run(Command(resume={"decision": "reject"}))
+    again = [e for e in await env.store.list_events(env.run_id) if e.type == "error"]
+    assert len(again) == 2
 
 
 async def test_the_run_ends_naming_the_rejection_that_ends_it(env: NodeEnv) -> None:
