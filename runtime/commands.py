@@ -177,7 +177,13 @@ class RunCommands:
         """A cancel was requested (here or in another process): stop our drive of it."""
         drive = self.drives.get(run_id)
         # A drive yet to start reads the cancel (committed before this notice) itself.
-        if drive is not None and drive.started and run_id not in self._cancelling:
+        # (Nor one that has ended: an entry left behind would outlive the drive.)
+        if (
+            drive is not None
+            and drive.started
+            and not drive.task.done()
+            and run_id not in self._cancelling
+        ):
             self._cancelling.add(run_id)
             drive.task.cancel()
 

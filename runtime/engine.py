@@ -220,6 +220,7 @@ class Engine(RunCommands):
         failures: int | None = None  # drives in a row before this one that failed
         progress = Progress()
         how = "stopped"  # how the drive ended, for the metrics
+        carries_cancel = False  # the drive began to carry out a cancel already asked for
         self.metrics.inc("drives_started_total")
         try:
             found = await store.get_run_to_drive(run_id)
@@ -228,6 +229,7 @@ class Engine(RunCommands):
                 await self._record_takeover(store, found, version)
             if found is not None and found.cancel is not None:
                 how = "cancelled"
+                carries_cancel = True
                 # Already stopping: a second cancel notice must not cut this short.
                 self._cancelling.add(run_id)
                 values = await self._checkpointed_values(found.run)
@@ -278,14 +280,14 @@ class Engine(RunCommands):
                 await asyncio.shield(self._release(run_id, version, True, active_s=stopped))
                 raise
         except TRANSIENT_DB_ERRORS as exc:
-            if run_id in self._cancelling:
+            if run_id in self._cancelling and not carries_cancel:
                 # The cancel's task.cancel() landed in a database call, which turned it
                 # into an error (psycopg leaving a pipeline does): not the database
                 # failing. The next drive reads the cancel and carries it out.
                 how = "cancelled"
                 log.info("the cancel of %s interrupted a database call: %s", run_id, exc)
                 release = True
-            else:
+            else:  # a cancel's own drive failing too: counted, and it backs off
                 how = "db_error"
                 # A drive that moved the run on before it failed starts the count again:
                 # a long run may meet several failovers; a failure that lasts stops it
@@ -310,7 +312,11 @@ class Engine(RunCommands):
         try:
             await asyncio.shield(_flush_quietly(store))
         finally:  # a cancel notice landing here must not keep the lease from its release
-            await asyncio.shield(self._release(run_id, version, release, retry_in, failures))
+            await asyncio.shield(
+                self._release(
+                    run_id, version, release, retry_in, failures, backoff_cancel=carries_cancel
+                )
+            )
 
     def _clock(self, run_id: str, active_s: Callable[[], float]) -> None:
         """What this drive's lease renewals record as the run's active time."""
@@ -370,6 +376,7 @@ class Engine(RunCommands):
         failures: int | None = None,
         *,
         active_s: float | None = None,
+        backoff_cancel: bool = False,
     ) -> None:
         with contextlib.suppress(*TRANSIENT_DB_ERRORS):
             pending = await self.store.release_lease(
@@ -380,6 +387,7 @@ class Engine(RunCommands):
                 retry_in=retry_in,
                 failures=failures,
                 active_s=active_s,
+                backoff_cancel=backoff_cancel,
             )
             if retry_in is not None and pending is not None:
                 # Any worker may retry it then; this one wakes for it, not at its sweep.
@@ -457,21 +465,25 @@ class Engine(RunCommands):
             remaining = run.limits.timeout_s - ctx.active_base_s
             streamed: list[Any] = []  # the interrupts the stream reported
             try:
-                async with asyncio.timeout(max(remaining, 0.001)):
-                    async for mode, part in graph.astream(
-                        graph_input,
-                        config,
-                        context=ctx,
-                        stream_mode=["tasks", "values"],
-                        durability="sync",
-                    ):
-                        self._unless_cancelled(run_id)
+                stream = graph.astream(
+                    graph_input,
+                    config,
+                    context=ctx,
+                    stream_mode=["tasks", "values"],
+                    durability="sync",
+                )
+                # Closed here, in this task, however the loop is left (a cancel raised
+                # below included), not later by the garbage collector in another task.
+                async with asyncio.timeout(max(remaining, 0.001)), contextlib.aclosing(stream):
+                    async for mode, part in stream:
                         if mode == "values":
                             if INTERRUPT in part:
                                 streamed = [i.value for i in part[INTERRUPT]]
                                 part = {k: v for k, v in part.items() if k != INTERRUPT}
-                            await adapter.on_values(part)
+                            await adapter.on_values(part)  # what the cut must charge
+                            self._unless_cancelled(run_id)
                         elif mode == "tasks" and "input" in part:
+                            self._unless_cancelled(run_id)
                             progress.tasks += 1
                             await adapter.on_task_start(part["name"])
                     self._unless_cancelled(run_id)

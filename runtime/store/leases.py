@@ -112,13 +112,15 @@ class LeaseQueries(StoreCore):
         retry_in: float | None = None,
         failures: int | None = None,
         active_s: float | None = None,
+        backoff_cancel: bool = False,
     ) -> bool | None:
         """Give the run back; ``needs_drive`` None leaves the flag as it is; ``active_s``:
         the run's active time when its drive stopped, for the next one (as a renewal).
 
         ``retry_in``: the drive failed on a database error; the run is driven again
         (by any worker) no sooner than this many seconds from now (at once if a cancel
-        is asked for), and its ``drive_failures`` (in a row) become ``failures`` (one
+        is asked for, unless ``backoff_cancel``: the drive that failed was carrying that
+        cancel out), and its ``drive_failures`` (in a row) become ``failures`` (one
         more than stored if None: the drive could not read them). Without it, zero.
 
         Returns whether the run needs driving now (someone may have set the flag while
@@ -131,10 +133,10 @@ class LeaseQueries(StoreCore):
             # An unowned run whose lease_expires_at is ahead: no claim takes it before.
             sets = (
                 "lease_owner = NULL, lease_expires_at = CASE WHEN cancel_requested IS NULL "
-                f"THEN {self.now_sql} + ? END, "
+                f"OR ? = 1 THEN {self.now_sql} + ? END, "
                 "drive_failures = COALESCE(?, drive_failures + 1)"
             )
-            params += [retry_in, failures]
+            params += [int(backoff_cancel), retry_in, failures]
             needs_drive = True
         # A run that has ended needs no driving, whatever a late cancel or decision set:
         # kept, the flag would have workers claim it again and again, for ever.

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+
+import psycopg
 
 from tests.api.conftest import make_settings, open_api
 from tests.api.helpers import problem
@@ -26,3 +29,45 @@ async def test_a_pool_with_no_free_connection_is_a_503(pg_schema_url: str, data_
         body = problem(busy, 503, "UNAVAILABLE")
         assert busy.headers["retry-after"] == "1" and "try again" in body["detail"]
         assert (await api.client.get(f"/runs/{run['run_id']}")).status_code == 200
+
+
+NO_END = """
+CREATE FUNCTION no_end() RETURNS trigger AS $$ BEGIN
+  IF NEW.state = 'failed' THEN RAISE EXCEPTION 'no space' USING ERRCODE = 'disk_full'; END IF;
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER no_end BEFORE UPDATE ON runs FOR EACH ROW EXECUTE FUNCTION no_end();
+"""
+
+
+async def test_a_cancel_whose_end_cannot_be_written_backs_off_then_ends(
+    pg_schema_url: str, data_dir: Path
+) -> None:
+    """The drive carrying out a cancel fails on the database (a full disk, say): it is
+    a failed drive, counted and retried after a backoff, not a loop of drives that
+    claim, fail and hand back at once (the review measured 1,000 in 3 s)."""
+    settings = make_settings(pg_schema_url, data_dir, lease_seconds=2.0)
+    async with open_api(settings) as api:
+        run = await api.create(agent_id="slow_worker", input="sleep 30")
+        run_id = run["run_id"]
+        await api.wait_event(run_id, lambda e: e["data"].get("tool") == "sleep")
+        async with await psycopg.AsyncConnection.connect(pg_schema_url, autocommit=True) as db:
+            await db.execute(NO_END)
+            await api.client.post(f"/runs/{run_id}/cancel", json={"reason": "stop"})
+            await asyncio.sleep(3)
+            cur = await db.execute(
+                "SELECT state, lease_version, drive_failures FROM runs WHERE run_id = %s",
+                (run_id,),
+            )
+            state, leases, failures = await cur.fetchone()  # type: ignore[misc]
+            await db.execute("DROP TRIGGER no_end ON runs")
+
+        assert state == "executing" and failures >= 1
+        assert leases <= 6, f"{leases} leases in 3 s: the drives did not back off"
+        final = await api.settle(run_id)
+        for _ in range(100):  # the next retry, after its backoff
+            if final["state"] == "failed":
+                break
+            await asyncio.sleep(0.1)
+            final = (await api.client.get(f"/runs/{run_id}")).json()
+        assert (final["state"], final["outcome"]["code"]) == ("failed", "RUN_CANCELLED"), final
