@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import psycopg
+import psycopg_pool
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -103,11 +104,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(psycopg.OperationalError)
     @app.exception_handler(sqlite3.OperationalError)
     async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        # SQLite's OperationalError also means bad SQL: only a busy or failing file is
-        # the database being unavailable; PostgreSQL's is a lost connection or a pool
-        # whose every connection stayed busy through its wait.
-        text = str(exc).lower()
-        if isinstance(exc, sqlite3.OperationalError) and not ("locked" in text or "disk" in text):
+        if not _unavailable(exc):  # bad SQL, a limit: a retry would fail the same way
             return await unexpected(request, exc)
         log.warning("database unavailable on %s: %s", request.url.path, exc)
         return problem_response(
@@ -121,3 +118,22 @@ def install(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
         return problem_response(Code.INTERNAL_ERROR, "internal error", instance=request.url.path)
+
+
+_PASSING_SQLSTATES = ("08", "40", "53", "57", "55P03")
+"""Connection exceptions, transaction rollbacks (deadlocks, serialisation), insufficient
+resources, operator intervention (a shutdown), a lock not available."""
+
+
+def _unavailable(exc: Exception) -> bool:
+    """Whether a database error says the database cannot serve now, not that the request
+    or the code is wrong: SQLite's OperationalError also means bad SQL, PostgreSQL's
+    also a limit exceeded; only what passes is worth a retry."""
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        return any(w in text for w in ("locked", "disk", "unable to open"))
+    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed):
+        return True
+    sqlstate = getattr(exc, "sqlstate", None)
+    # No SQLSTATE: the server never answered (the connection was lost).
+    return sqlstate is None or str(sqlstate).startswith(_PASSING_SQLSTATES)
