@@ -70,7 +70,9 @@ async def finish_cancel(
     await store.interrupt_running_calls(run_id, Code.RUN_CANCELLED, CUT_OFF)
     # A second cancel may have asked for compensation since the drive read the first;
     # from here on one asking for it is refused (the decision is taken).
-    compensate = compensate or bool((await store.seal_cancel(run_id) or ("", False))[1])
+    sealed = await store.seal_cancel(run_id)
+    if sealed is not None:  # as it stands now, naming who added compensation
+        reason, compensate = sealed[0], compensate or sealed[1]
     compensated = await compensate_effects(store, setting, run) if compensate else None
     await fail_run(
         store,

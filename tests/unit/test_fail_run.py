@@ -158,15 +158,17 @@ async def test_compensation_asked_by_a_second_cancel_is_done(
 
     spec = ToolSpec("noop", "1", "noop", NoArgs, noop, side_effect=True, compensate=undo)
     setting = CallSetting(ToolRegistry([spec]))
-    assert await store.request_cancel(run.run_id, "stop", compensate=False)
+    assert await store.request_cancel(run.run_id, "stop", compensate=False, requested_by="u1")
     reason, compensate = await view.cancel_requested(run.run_id) or ("", True)
-    assert await store.request_cancel(run.run_id, "and undo it", compensate=True)
+    assert await store.request_cancel(run.run_id, "and undo it", True, requested_by="adm")
 
     await finish_cancel(view, lambda _: setting, run.run_id, reason, compensate)
 
     final = await store.get_run(run.run_id)
     assert final is not None and final.outcome is not None
     assert final.outcome.compensations == [row.tool_call_id] and undone == [row.idempotency_key]
+    # And the outcome says who asked for the compensation that ran.
+    assert final.outcome.message == "stop (requested by u1); compensation asked for by adm"
 
 
 async def test_a_cut_charges_calls_started_once_and_a_re_run_not_again(
