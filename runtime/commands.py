@@ -28,6 +28,8 @@ class Drive:
     started: bool = False
     """Whether its task has begun: one cancelled before its first step never runs,
     so never finishes the cancel nor gives its lease back."""
+    ending: bool = False
+    """Past its work, giving the lease back: a cancel notice has nothing to stop."""
     active_s: Callable[[], float] | None = None
     """The run's active seconds so far, once the drive runs its graph (the heartbeat
     records them: a crash must not give the run its unsaved time back)."""
@@ -181,7 +183,7 @@ class RunCommands:
         if (
             drive is not None
             and drive.started
-            and not drive.task.done()
+            and not drive.ending
             and run_id not in self._cancelling
         ):
             self._cancelling.add(run_id)

@@ -296,7 +296,9 @@ class Engine(RunCommands):
                     failures = 1
                 elif failures is not None:
                     failures += 1
-                retry_in = await after_failed_drive(store, run_id, failures or 1, exc, self.retry)
+                retry_in = await after_failed_drive(
+                    store, run_id, failures or 1, exc, self.retry, give_up=not carries_cancel
+                )
         except Exception as exc:
             how = "failed"
             log.exception("run %s failed", run_id)
@@ -307,6 +309,8 @@ class Engine(RunCommands):
                 failures = None if failures is None else failures + 1
                 retry_in = self.retry.delay(failures or 1)
         finally:
+            if drive is not None and drive.version == version:
+                drive.ending = True
             self._cancelling.discard(run_id)
             self.metrics.inc("drives_ended_total", how=how)
         try:

@@ -34,11 +34,19 @@ class DriveRetry:
 
 
 async def after_failed_drive(
-    store: RunStore, run_id: str, failures: int, exc: BaseException, retry: DriveRetry
+    store: RunStore,
+    run_id: str,
+    failures: int,
+    exc: BaseException,
+    retry: DriveRetry,
+    *,
+    give_up: bool = True,
 ) -> float | None:
     """The drive (the ``failures``-th in a row) ended on ``exc``, a database error: when
-    to drive the run again, or None once it is failed."""
-    if failures < retry.max_failures:
+    to drive the run again, or None once it is failed. Without ``give_up`` (a drive
+    carrying out a cancel: failing the run otherwise would lose the cancel, and any
+    compensation asked for) it is retried at the longest wait instead."""
+    if failures < retry.max_failures or not give_up:
         delay = retry.delay(failures)
         log.error(
             "database error while driving %s (%d in a row); retrying in %.1fs",
