@@ -150,8 +150,15 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
         if not rejected:
             return {}
         if all(r["on_reject"] == "replan" for r in rejected):
+            gone = {r["call"]["tool_call_id"] for r in rejected}
             return {
-                "calls": [],
+                # Unknown outcomes are decided each alone: those a human sent back to
+                # run again do (the others' "not again" is an observation).
+                "calls": [
+                    c
+                    for c in state.get("calls", [])
+                    if c.get("kind") == "outcome_unknown" and c["tool_call_id"] not in gone
+                ],
                 "observations": await not_run(ctx, state, rejected)
                 + [
                     {

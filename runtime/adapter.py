@@ -206,8 +206,12 @@ class Adapter:
         if target is None or target is self.state:
             return
         trigger = forward_trigger(self.state, target)
-        # Only a human's decision (an approval's compare-and-set) fires `approved`.
-        if trigger is None or trigger is Trigger.APPROVED:
+        # Only a human's decision fires `approved`: an approval's compare-and-set, or
+        # calls a human approved running after a later decision of the same step sent
+        # the run back to waiting_human without moving it (unknown outcomes are decided
+        # each alone: "run A again", then "not B"). The approval node replaying on
+        # resume, after a rejection too, fires nothing.
+        if trigger is None or (trigger is Trigger.APPROVED and node != "executor"):
             return
         # Written with the node's first write (see runtime.store.journal), where the
         # store view is a drive's; at once otherwise.

@@ -228,6 +228,28 @@ async def test_an_unknown_outcome_ruled_done_goes_back_to_the_planner(env: NodeE
     assert final["observations"][0]["status"] == "TOOL_OUTCOME_UNKNOWN"
 
 
+async def test_unknown_outcomes_are_decided_each_alone(env: NodeEnv) -> None:
+    """ "Run A again", then "not B": A runs again (it was dropped with the step, its row
+    left unknown for good, though a human had approved it), B goes to the planner."""
+    graph = OneNode(env)
+    state = await guarded(env, call("refund", amount=5), call("refund", amount=6))
+    asks = [
+        {**c, "kind": "outcome_unknown", "approval_key": f"{c['tool_call_id']}:outcome:1"}
+        for c in state["calls"]
+    ]
+    await graph.run({**state, "calls": asks})
+    await graph.run(Command(resume="approve"))
+
+    final = await graph.run(Command(resume="reject"))
+
+    again, done = asks
+    assert final.get("outcome") is None and final["calls"] == [again]
+    assert [(o["tool_call_id"], o["status"]) for o in final["observations"]] == [
+        (done["tool_call_id"], "TOOL_OUTCOME_UNKNOWN")
+    ]
+    assert not [e for e in await env.store.list_events(env.run_id) if e.type == "error"]
+
+
 async def test_calls_that_need_no_approval_pass_without_a_stop(env: NodeEnv) -> None:
     graph = OneNode(env)
 
