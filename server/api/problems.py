@@ -120,9 +120,9 @@ def install(app: FastAPI) -> None:
         return problem_response(Code.INTERNAL_ERROR, "internal error", instance=request.url.path)
 
 
-_PASSING_SQLSTATES = ("08", "40", "53", "57", "55P03")
+_PASSING_SQLSTATES = ("08", "40", "53", "57", "58", "55P03")
 """Connection exceptions, transaction rollbacks (deadlocks, serialisation), insufficient
-resources, operator intervention (a shutdown), a lock not available."""
+resources, operator intervention (a shutdown), system errors (I/O), a lock not available."""
 
 
 def _unavailable(exc: Exception) -> bool:
@@ -135,5 +135,12 @@ def _unavailable(exc: Exception) -> bool:
     if isinstance(exc, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed):
         return True
     sqlstate = getattr(exc, "sqlstate", None)
-    # No SQLSTATE: the server never answered (the connection was lost).
-    return sqlstate is None or str(sqlstate).startswith(_PASSING_SQLSTATES)
+    if sqlstate is None:  # no answer from the server: the connection, or the client refused
+        text = str(exc).lower()
+        return any(w in text for w in _CONNECTION_LOST)
+    return str(sqlstate).startswith(_PASSING_SQLSTATES)
+
+
+_CONNECTION_LOST = ("connection", "server closed", "terminat", "timeout", "ssl", "eof")
+"""How libpq and psycopg say a connection went (as against, say, "number of parameters
+must be between 0 and 65535", refused before anything was sent)."""

@@ -17,7 +17,15 @@ from server.api.problems import _unavailable
     [
         (psycopg_pool.PoolTimeout("couldn't get a connection after 30.00 sec"), True),
         (psycopg.OperationalError("server closed the connection unexpectedly"), True),
+        (psycopg.OperationalError("consuming input failed: EOF detected"), True),
+        (
+            psycopg.OperationalError(
+                "sending query and params failed: number of parameters must be between 0 and 65535"
+            ),
+            False,
+        ),
         (psycopg.errors.lookup("08006")(), True),  # connection failure
+        (psycopg.errors.lookup("58030")(), True),  # I/O error
         (psycopg.errors.lookup("40P01")(), True),  # deadlock detected
         (psycopg.errors.lookup("53300")(), True),  # too many connections
         (psycopg.errors.lookup("57P01")(), True),  # admin shutdown
