@@ -14,10 +14,11 @@ from typing import Any
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
+from nodes.not_run import in_call_order, not_run
 from runtime import ids
 from runtime.context import Context, services
-from runtime.errors import CODES, Code
-from runtime.events import EventType, summarize
+from runtime.errors import Code
+from runtime.events import summarize
 from runtime.model import Approval, ApprovalDecision, Awaiting, utcnow
 from runtime.state import RunState, failed, run_context
 from runtime.tooling import ToolResolver
@@ -37,46 +38,6 @@ def parse_decision(answer: Any) -> tuple[ApprovalDecision, str | None, str]:
         "approved" if raw in ("approve", "approved", "yes", "true") else "rejected"
     )
     return status, comment, by
-
-
-async def not_run(
-    ctx: Context, state: RunState, rejected: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """The step's other calls, which a replanning rejection keeps from running (approved
-    ones too: the planner decides the step again): on the record, each with an error
-    event, and told to the planner. Not an unknown outcome sent back: it ran once."""
-    gone = {r["call"]["tool_call_id"] for r in rejected}
-    why = ", ".join(f"{r['call']['tool']} {r['call']['tool_call_id']}" for r in rejected)
-    message = f"not run: the rejection of {why} sent its step back to the planner"
-    observations = []
-    for call in state.get("calls", []):
-        tc_id = call["tool_call_id"]
-        if tc_id in gone or call.get("kind") == "outcome_unknown":
-            continue
-        await ctx.store.append_event(
-            ctx.run_id,
-            EventType.ERROR,
-            {
-                "code": Code.CALL_NOT_RUN.value,
-                "message": message,
-                "tool_call_id": tc_id,
-                "step_index": state["step_index"],
-                "call_index": call["call_index"],
-                "recovery": CODES[Code.CALL_NOT_RUN].recovery,
-            },
-            dedupe_key=f"error:{tc_id}",
-        )
-        observations.append(
-            {
-                "step_index": state["step_index"],
-                "tool_call_id": tc_id,
-                "tool": call["tool"],
-                "status": Code.CALL_NOT_RUN.value,
-                "error": message,
-                "summary": "not run: its step went back to the planner",
-            }
-        )
-    return observations
 
 
 def make_approval_node(tools: ToolResolver) -> NodeFn:
@@ -150,35 +111,51 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
         if not rejected:
             return {}
         if all(r["on_reject"] == "replan" for r in rejected):
+            calls = state.get("calls", [])
             gone = {r["call"]["tool_call_id"] for r in rejected}
+            why = ", ".join(f"{r['call']['tool']} {r['call']['tool_call_id']}" for r in rejected)
+            dropped = await not_run(
+                ctx,
+                state["step_index"],
+                # Not an unknown outcome: it ran once, and is decided on its own.
+                (
+                    c
+                    for c in calls
+                    if c["tool_call_id"] not in gone and c.get("kind") != "outcome_unknown"
+                ),
+                f"the rejection of {why}",
+            )
             return {
                 # Unknown outcomes are decided each alone: those a human sent back to
                 # run again do (the others' "not again" is an observation).
                 "calls": [
                     c
-                    for c in state.get("calls", [])
+                    for c in calls
                     if c.get("kind") == "outcome_unknown" and c["tool_call_id"] not in gone
                 ],
-                "observations": await not_run(ctx, state, rejected)
-                + [
-                    {
-                        "step_index": state["step_index"],
-                        "tool_call_id": r["call"]["tool_call_id"],
-                        "tool": r["call"]["tool"],
-                        "status": (
-                            Code.TOOL_OUTCOME_UNKNOWN.value
-                            if r["call"].get("kind") == "outcome_unknown"
-                            else Code.APPROVAL_REJECTED.value
-                        ),
-                        "error": r["row"].comment or "rejected",
-                        "summary": (
-                            "a human decided it is not to be run again"
-                            if r["call"].get("kind") == "outcome_unknown"
-                            else "a human rejected it"
-                        ),
-                    }
-                    for r in rejected
-                ],
+                "observations": in_call_order(
+                    dropped
+                    + [
+                        {
+                            "step_index": state["step_index"],
+                            "tool_call_id": r["call"]["tool_call_id"],
+                            "tool": r["call"]["tool"],
+                            "status": (
+                                Code.TOOL_OUTCOME_UNKNOWN.value
+                                if r["call"].get("kind") == "outcome_unknown"
+                                else Code.APPROVAL_REJECTED.value
+                            ),
+                            "error": r["row"].comment or "rejected",
+                            "summary": (
+                                "a human decided it is not to be run again"
+                                if r["call"].get("kind") == "outcome_unknown"
+                                else "a human rejected it"
+                            ),
+                        }
+                        for r in rejected
+                    ],
+                    calls,
+                ),
                 "memory_version": state.get("memory_version", 0) + 1,
             }
         # The rejection that ends the run (the loop stopped at it), not one sent back.

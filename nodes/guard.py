@@ -12,6 +12,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 from pydantic import ValidationError
 
+from nodes.not_run import in_call_order, not_run
 from runtime import ids
 from runtime.budget import before_tools, limits_from
 from runtime.context import Context, services
@@ -100,10 +101,17 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
                     dedupe_key=f"error:{tc_id}",
                 )
         if rejected:
-            # The step runs whole or not at all: the planner sees every problem at once.
+            # The step runs whole or not at all: the planner sees every problem at once,
+            # and which of its calls did not run for them.
+            why = ", ".join(f"{r['tool']} {r['tool_call_id']}" for r in rejected)
+            dropped = await not_run(ctx, step, calls, f"the refusal of {why}")
+            order = [
+                {"tool_call_id": ids.tool_call_id(ctx.run_id, step, i), "call_index": i}
+                for i in range(len(decision.tool_calls))
+            ]
             return {
                 "calls": [],
-                "observations": rejected,
+                "observations": in_call_order(rejected + dropped, order),
                 "memory_version": state.get("memory_version", 0) + 1,
             }
         usage = Usage.model_validate(state.get("usage") or {})

@@ -55,8 +55,17 @@ async def test_guard_runs_a_step_whole_or_not_at_all(env: NodeEnv) -> None:
     update = await env.guard(decision)
 
     assert update["calls"] == []
-    [obs] = update["observations"]
-    assert obs["tool_call_id"] == ids.tool_call_id(env.run_id, 0, 1)
+    # Both told to the planner, in the step's order: the valid call did not run either.
+    assert [(o["tool_call_id"], o["status"]) for o in update["observations"]] == [
+        (ids.tool_call_id(env.run_id, 0, 0), "CALL_NOT_RUN"),
+        (ids.tool_call_id(env.run_id, 0, 1), "TOOL_ARGUMENT_INVALID"),
+    ]
+    errors = [e.data for e in await env.store.list_events(env.run_id) if e.type == "error"]
+    assert [(e["code"], e["call_index"]) for e in errors] == [
+        ("TOOL_ARGUMENT_INVALID", 1),
+        ("CALL_NOT_RUN", 0),
+    ]
+    assert ids.tool_call_id(env.run_id, 0, 1) in errors[1]["message"]
 
 
 async def test_guard_missing_scope_is_denied(env: NodeEnv) -> None:
@@ -88,7 +97,7 @@ async def test_a_step_with_a_replanned_denial_runs_none_of_its_calls(env: NodeEn
     update = await env.guard(decision)
 
     assert update["calls"] == [] and "outcome" not in update
-    assert [o["status"] for o in update["observations"]] == ["POLICY_DENIED"]
+    assert [o["status"] for o in update["observations"]] == ["POLICY_DENIED", "CALL_NOT_RUN"]
     assert await env.store.list_approvals(run_id=env.run_id) == []
 
 

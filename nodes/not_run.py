@@ -1,0 +1,60 @@
+"""Calls of a step that will not run: another call of it was refused (by the guard) or
+rejected (by a human, replanning), and the whole step went back to the planner.
+
+Each is put on the record (an error event, ``CALL_NOT_RUN``) and told to the planner
+(an observation), so that nothing a planner proposed, or a human approved, disappears
+unexplained. The events are deduplicated: a node that replays writes them once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from runtime.context import Context
+from runtime.errors import CODES, Code
+from runtime.events import EventType
+
+
+async def not_run(
+    ctx: Context, step_index: int, calls: Iterable[Mapping[str, Any]], because: str
+) -> list[dict[str, Any]]:
+    """``calls``: each with its tool_call_id, call_index and tool; ``because``: what
+    sent the step back ("the rejection of …"). Returns their observations."""
+    message = f"not run: {because} sent its step back to the planner"
+    observations = []
+    for call in calls:
+        tc_id = call["tool_call_id"]
+        await ctx.store.append_event(
+            ctx.run_id,
+            EventType.ERROR,
+            {
+                "code": Code.CALL_NOT_RUN.value,
+                "message": message,
+                # Never run, so in no ledger: where the step's decision proposed it.
+                "tool_call_id": tc_id,
+                "step_index": step_index,
+                "call_index": call["call_index"],
+                "recovery": CODES[Code.CALL_NOT_RUN].recovery,
+            },
+            dedupe_key=f"error:{tc_id}",
+        )
+        observations.append(
+            {
+                "step_index": step_index,
+                "tool_call_id": tc_id,
+                "tool": call["tool"],
+                "status": Code.CALL_NOT_RUN.value,
+                "error": message,
+                "summary": "not run: its step went back to the planner",
+            }
+        )
+    return observations
+
+
+def in_call_order(
+    observations: list[dict[str, Any]], calls: Iterable[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The observations of one step in the order its decision proposed the calls."""
+    order = {c["tool_call_id"]: c["call_index"] for c in calls}
+    return sorted(observations, key=lambda o: order.get(o["tool_call_id"], len(order)))
