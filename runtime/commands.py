@@ -28,6 +28,8 @@ class Drive:
     started: bool = False
     """Whether its task has begun: one cancelled before its first step never runs,
     so never finishes the cancel nor gives its lease back."""
+    lease_lost: bool = False
+    """Its lease went to another worker (the heartbeat found it): stop acting for the run."""
     ending: bool = False
     """Past its work, giving the lease back: a cancel notice has nothing to stop."""
     active_s: Callable[[], float] | None = None

@@ -18,7 +18,7 @@ import os
 import socket
 import sqlite3
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +73,16 @@ def active_at_start(
     raw = (values or {}).get("usage")
     usage = Usage.model_validate(raw) if raw else (recorded or Usage())
     return max(usage.active_s, renewed)
+
+
+def _collected(task: asyncio.Future[None]) -> None:
+    """Retrieve the end of work shielded from a drive that went on (see
+    ``Engine._until_lease_lost``): a lease lost is expected there, anything else logged."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None and not isinstance(exc, LeaseLost):
+        log.warning("work shielded from a stopped drive failed: %r", exc)
 
 
 def _stopped_at(active_s: float) -> Callable[[], float]:
@@ -257,10 +267,11 @@ class Engine(RunCommands):
                 try:
                     cancel = await asyncio.shield(store.cancel_requested(run_id))
                     reason, compensate = cancel or ("cancelled", False)
-                    await asyncio.shield(
+                    await self._until_lease_lost(
+                        run_id,
                         finish_cancel(
                             store, self._setting_of, run_id, reason, compensate, progress.cut
-                        )
+                        ),
                     )
                 except LeaseLost:  # stalled past the lease: the new holder finishes it
                     how = "lease_lost"
@@ -327,6 +338,21 @@ class Engine(RunCommands):
         drive = self.drives.get(run_id)
         if drive is not None and drive.task is asyncio.current_task():
             drive.active_s = active_s
+
+    async def _until_lease_lost(self, run_id: str, work: Coroutine[Any, Any, None]) -> None:
+        """``work`` to its end, shielded from a second cancel of the drive (a shutdown),
+        but not from the lease going to another worker: that one carries the run on, and
+        this one must stop acting for it (its writes are fenced off; a tool's reconcile,
+        say, is not). Its end is always collected, never left for asyncio to report."""
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(_collected)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            drive = self.drives.get(run_id)
+            if drive is not None and drive.lease_lost:
+                task.cancel()
+            raise
 
     def _unless_cancelled(self, run_id: str) -> None:
         """Stop here if a cancel notice came: its ``task.cancel()`` can be swallowed by

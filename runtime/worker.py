@@ -88,4 +88,5 @@ class Worker:
                 if run_id not in held and drive is not None:
                     # Someone else owns it now: stop without writing anything more.
                     log.warning("lease on %s was taken over; stopping its drive", run_id)
+                    drive.lease_lost = True
                     drive.task.cancel()

@@ -102,6 +102,10 @@ def build_tools(data_dir: Path) -> ToolRegistry:
         return {"transferred": args.amount}
 
     async def find_transfer(args: TransferArgs, ctx: ToolContext) -> dict[str, object] | None:
+        # A slow remote system, where a test asks for one.
+        await asyncio.sleep(float(os.environ.get("TEST_RECONCILE_S", "0")))
+        with (data_dir / "reconcile.log").open("a") as fh:
+            fh.write(f"{ctx.idempotency_key}\n")
         done = any(line.split()[0] == ctx.idempotency_key for line in transfer_lines(data_dir))
         return {"transferred": args.amount} if done else None
 

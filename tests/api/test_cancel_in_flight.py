@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.agents import UNREFUNDABLE, counter_lines, transfer_lines
-from tests.api.conftest import Api
+from tests.api.conftest import Api, make_settings, open_api
 from tests.api.helpers import parked_demo_run, problem
 from tools.retail import outbox_rows
 
@@ -231,3 +234,43 @@ async def test_a_cancel_the_graph_swallowed_still_stops_the_run(api: Api) -> Non
     final = await api.settle(run_id)
     assert (final["state"], final["outcome"]["code"]) == ("failed", "RUN_CANCELLED"), final
     assert counter_lines(api.settings.data_dir) == [], "nothing runs after a cancel"
+
+
+async def test_a_drive_whose_lease_is_taken_while_it_finishes_a_cancel_stops_acting(
+    database_url: str, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paused past its lease while finishing a cancel, a worker went on asking the real
+    system (a tool's reconcile) for a run another worker held by then, and asyncio
+    logged its LeaseLost as an error nobody retrieved (the chaos probe)."""
+    monkeypatch.setenv("TEST_RECONCILE_S", "2")
+    async with open_api(make_settings(database_url, data_dir, lease_seconds=1.5)) as api:
+        run_id = (await api.create(agent_id="transferrer", input="last 30"))["run_id"]
+        await api.wait_event(run_id, transfer_started)
+        cancel = asyncio.create_task(
+            api.client.post(f"/runs/{run_id}/cancel", json={"reason": "stop"})
+        )
+        reconciling = data_dir / "reconcile.log"
+        engine = api.engine
+        for _ in range(300):  # until the cancel's drive is in the slow reconcile
+            if run_id in engine._cancelling:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        # Another worker takes the run over, as after a pause past the lease.
+        store = api.engine_services.store
+        async with store.tx() as tx:
+            await tx.execute(
+                "UPDATE runs SET lease_owner = 'thief', lease_version = lease_version + 1 "
+                "WHERE run_id = ?",
+                (run_id,),
+            )
+        for _ in range(300):  # the heartbeat finds it and stops the drive
+            if run_id not in engine.drives:
+                break
+            await asyncio.sleep(0.02)
+        assert run_id not in engine.drives
+        await asyncio.sleep(2.5)  # past the reconcile it had started
+
+        assert not reconciling.exists(), "the reconcile went on for a run it no longer held"
+        cancel.cancel()
+        await asyncio.gather(cancel, return_exceptions=True)
