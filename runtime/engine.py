@@ -333,10 +333,15 @@ class Engine(RunCommands):
                 )
             )
 
+    def _own_drive(self, run_id: str) -> Drive | None:
+        """The drive of the run that the calling task is, if it is one."""
+        drive = self.drives.get(run_id)
+        return drive if drive is not None and drive.task is asyncio.current_task() else None
+
     def _clock(self, run_id: str, active_s: Callable[[], float]) -> None:
         """What this drive's lease renewals record as the run's active time."""
-        drive = self.drives.get(run_id)
-        if drive is not None and drive.task is asyncio.current_task():
+        drive = self._own_drive(run_id)
+        if drive is not None:
             drive.active_s = active_s
 
     async def _until_lease_lost(self, run_id: str, work: Coroutine[Any, Any, None]) -> None:
@@ -349,7 +354,7 @@ class Engine(RunCommands):
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
-            drive = self.drives.get(run_id)
+            drive = self._own_drive(run_id)
             if drive is not None and drive.lease_lost:
                 task.cancel()
             raise
@@ -362,10 +367,8 @@ class Engine(RunCommands):
             raise asyncio.CancelledError(f"cancel of {run_id} requested")
 
     def _clock_reading(self, run_id: str) -> float | None:
-        drive = self.drives.get(run_id)
-        if drive is None or drive.active_s is None or drive.task is not asyncio.current_task():
-            return None
-        return drive.active_s()
+        drive = self._own_drive(run_id)
+        return None if drive is None or drive.active_s is None else drive.active_s()
 
     async def _checkpointed_values(self, run: Run) -> Mapping[str, Any]:
         """The graph values of the run's last checkpoint (none for a run never driven)."""
