@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.cancelling import CutOff
 from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.lifecycle import TERMINAL, State
@@ -19,6 +20,24 @@ from runtime.store.base import RunStore
 
 HISTORY_PAGE = 16
 """Checkpoints read at a time when looking back through a run's history."""
+
+
+@dataclass
+class Progress:
+    """How far a drive got, for counting the drives that fail, or lose their worker, in a row."""
+
+    tasks: int = 0
+    """Graph tasks it started."""
+    cut: CutOff | None = None
+    """Where the graph was when a cancel cut the drive off."""
+
+    @property
+    def made(self) -> bool:
+        # Under durability "sync" a task starts only once the superstep before it is
+        # checkpointed: a second task means the drive wrote something that lasts (the
+        # first may be one a checkpoint already held, started again on resume). This
+        # holds because every superstep of the run graph has one task (no fan-out).
+        return self.tasks >= 2
 
 
 @dataclass
@@ -35,6 +54,9 @@ class Drive:
     active_s: Callable[[], float] | None = None
     """The run's active seconds so far, once the drive runs its graph (the heartbeat
     records them: a crash must not give the run its unsaved time back)."""
+    progress: Progress | None = None
+    """How far it got, once it has begun (the heartbeat records whether it checkpointed
+    a step: a run that does is not one that keeps killing its worker)."""
 
 
 class RunCommands:

@@ -19,7 +19,6 @@ import socket
 import sqlite3
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -39,7 +38,7 @@ from runtime.cancelling import (
     finish_cancel,
     settle_running_calls,
 )
-from runtime.commands import Drive, RunCommands
+from runtime.commands import Drive, Progress, RunCommands
 from runtime.context import Context
 from runtime.errors import CODES, Code, RuntimeProblem
 from runtime.eventbus import EventBus
@@ -48,7 +47,7 @@ from runtime.ids import content_hash, new_run_id
 from runtime.lifecycle import TERMINAL, State
 from runtime.metrics import Metrics
 from runtime.model import Approval, Run, RunCreate, Usage, utcnow
-from runtime.retry import DriveRetry, after_failed_drive
+from runtime.retry import DriveRetry, after_failed_drive, fail_crash_loop
 from runtime.store.base import DriveStart, LeaseLost, RunStore
 
 log = logging.getLogger(__name__)
@@ -88,24 +87,6 @@ def _collected(task: asyncio.Future[None]) -> None:
 def _stopped_at(active_s: float) -> Callable[[], float]:
     """A clock stopped at ``active_s``: the graph was cut off, the rest is not its work."""
     return lambda: active_s
-
-
-@dataclass
-class Progress:
-    """How far a drive got, for counting the drives that fail in a row."""
-
-    tasks: int = 0
-    """Graph tasks it started."""
-    cut: CutOff | None = None
-    """Where the graph was when a cancel cut the drive off."""
-
-    @property
-    def made(self) -> bool:
-        # Under durability "sync" a task starts only once the superstep before it is
-        # checkpointed: a second task means the drive wrote something that lasts (the
-        # first may be one a checkpoint already held, started again on resume). This
-        # holds because every superstep of the run graph has one task (no fan-out).
-        return self.tasks >= 2
 
 
 class Engine(RunCommands):
@@ -221,14 +202,15 @@ class Engine(RunCommands):
         self.bus.publish(run_id, 0)  # wake anyone waiting for the run to settle
 
     async def _drive(self, run_id: str, version: int) -> None:
+        progress = Progress()
         drive = self.drives.get(run_id)
         if drive is not None and drive.version == version:
             drive.started = True  # a cancel notice may stop it from here on
+            drive.progress = progress
         store = self.store.fenced(run_id, version)
         release: bool | None = None  # needs_drive after release; None: leave as is
         retry_in: float | None = None  # the drive failed: when the run may be driven again
         failures: int | None = None  # drives in a row before this one that failed
-        progress = Progress()
         how = "stopped"  # how the drive ended, for the metrics
         carries_cancel = False  # the drive began to carry out a cancel already asked for
         self.metrics.inc("drives_started_total")
@@ -242,11 +224,15 @@ class Engine(RunCommands):
                 carries_cancel = True
                 # Already stopping: a second cancel notice must not cut this short.
                 self._cancelling.add(run_id)
-                values = await self._checkpointed_values(found.run)
-                active = active_at_start(values, found.active_s, found.run.usage)
-                progress.cut = CutOff(values, active)
+                progress.cut = await self._cut_at_start(found)
                 await finish_cancel(store, self._setting_of, run_id, *found.cancel, progress.cut)
-            elif found is not None and found.run.state not in TERMINAL:
+            elif found is None or found.run.state in TERMINAL:
+                pass
+            elif found.takeovers >= self.retry.max_takeovers:
+                how = "crash_loop"
+                cut = await self._cut_at_start(found)
+                await fail_crash_loop(store, self._setting_of(found.run.agent_id), found, cut)
+            else:
                 try:
                     # Lease versions count every grant: a pending run's first has no
                     # checkpoint to read. (Not a run an upgrade gave its first lease.)
@@ -381,6 +367,11 @@ class Engine(RunCommands):
             log.warning("could not read the checkpoint of %s to cancel it", run.run_id)
             return {}
         return snapshot.values or {}
+
+    async def _cut_at_start(self, found: DriveStart) -> CutOff:
+        """Where the run's checkpoint has it, for a drive that ends the run unstarted."""
+        values = await self._checkpointed_values(found.run)
+        return CutOff(values, active_at_start(values, found.active_s, found.run.usage))
 
     async def _record_takeover(self, store: RunStore, found: DriveStart, version: int) -> None:
         """The worker before us stopped without giving the run back: say so on the

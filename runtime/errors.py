@@ -40,6 +40,7 @@ class Code(StrEnum):
     APPROVAL_REJECTED = "APPROVAL_REJECTED"
     CHECKPOINT_ERROR = "CHECKPOINT_ERROR"
     WORKER_LOST = "WORKER_LOST"
+    RUN_CRASH_LOOP = "RUN_CRASH_LOOP"
     CALL_NOT_RUN = "CALL_NOT_RUN"
     # API problems.
     VALIDATION_ERROR = "VALIDATION_ERROR"
@@ -98,6 +99,9 @@ CODES: dict[Code, CodeInfo] = {
         "The worker driving the run stopped; another resumed it from its checkpoint",
         R.RESUME,
         503,
+    ),
+    C.RUN_CRASH_LOOP: CodeInfo(
+        "Worker after worker stopped driving the run before it moved on", R.HUMAN, 500
     ),
     C.VALIDATION_ERROR: CodeInfo("Request is invalid", R.NONE, 422),
     C.RUN_NOT_FOUND: CodeInfo("No such run", R.NONE, 404),

@@ -17,14 +17,23 @@ HELP: dict[str, tuple[str, str]] = {
     "drives_ended_total": (
         "counter",
         "Drives this process ended, by how: stopped (parked, or the run ended), "
-        "cancelled, handed_back (shutdown), lease_lost, db_error (retried later), failed.",
+        "cancelled, handed_back (shutdown), lease_lost, db_error (retried later), "
+        "crash_loop (taken over too often in a row: the run failed), failed.",
     ),
     "drives_in_flight": ("gauge", "Drives this process is running now."),
     "runs": ("gauge", "Runs in each live state, in the whole database."),
 }
 
 
-DRIVE_ENDS = ("stopped", "cancelled", "handed_back", "lease_lost", "db_error", "failed")
+DRIVE_ENDS = (
+    "stopped",
+    "cancelled",
+    "handed_back",
+    "lease_lost",
+    "db_error",
+    "crash_loop",
+    "failed",
+)
 
 
 class Metrics:

@@ -1,10 +1,16 @@
-"""What becomes of a run whose drive ended on a database error.
+"""What becomes of a run whose drive ended on a database error, or lost its worker.
 
 A blip (a failover, a dropped connection) is retried, later and later, by whichever
 worker claims the run then. A failure that lasts (a full disk, a checkpoint the
 database keeps refusing) would re-drive the run forever: the ``max_failures``-th
 failed drive in a row ends it with CHECKPOINT_ERROR instead (DESIGN §8: state that
 cannot be persisted executes no further side effect).
+
+A worker that dies (or stalls past its lease) mid-drive is replaced: the next one takes
+the run over from its checkpoint. A run that kills each worker it meets (a tool that
+runs the process out of memory, a native crash) would take the fleet down one worker
+after another: the ``max_takeovers``-th takeover in a row with no step checkpointed in
+between fails it with RUN_CRASH_LOOP instead of driving it again.
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ import logging
 from dataclasses import dataclass
 
 from runtime.adapter import fail_run
+from runtime.cancelling import CallSetting, CutOff, cut_off_usage, settle_running_calls
 from runtime.errors import Code
-from runtime.store.base import RunStore
+from runtime.store.base import DriveStart, RunStore
 
 log = logging.getLogger("runtime.engine")
 
@@ -27,6 +34,9 @@ class DriveRetry:
     """The wait before the first retry; doubled for each further one."""
     max_s: float = 60.0
     """The longest wait between two drives."""
+    max_takeovers: int = 3
+    """Takeovers in a row (leases that expired unreleased, with no step checkpointed in
+    between) at which the run fails rather than be driven again."""
 
     def delay(self, failures: int) -> float:
         """The wait before driving the run again after its ``failures``-th failed drive."""
@@ -64,3 +74,29 @@ async def after_failed_drive(
         log.exception("could not record the failure of %s; handing it back", run_id)
         return retry.delay(failures)
     return None
+
+
+async def fail_crash_loop(
+    store: RunStore, setting: CallSetting, found: DriveStart, cut: CutOff
+) -> None:
+    """End a run taken over ``found.takeovers`` times in a row without moving on, rather
+    than run what its last drives were doing when their workers died once more.
+
+    ``cut``: where its checkpoint has it. The calls left running are settled as a
+    cancel's are (asked of the real system where the tool can say), then closed."""
+    run = found.run
+    message = (
+        f"{found.takeovers} workers in a row stopped driving the run (the last: "
+        f"{found.taken_from}) before it checkpointed a step: it is not driven again"
+    )
+    log.error("run %s failed: %s", run.run_id, message)
+    charged = await cut_off_usage(store, run, cut)
+    running = await settle_running_calls(store, setting, run, Code.RUN_CRASH_LOOP, message)
+    await fail_run(
+        store,
+        run.run_id,
+        Code.RUN_CRASH_LOOP,
+        message,
+        usage=charged,
+        tool_call_id=running[0] if running else None,
+    )

@@ -12,6 +12,7 @@ import contextlib
 import logging
 
 from runtime.engine import TRANSIENT_DB_ERRORS, Engine
+from runtime.store.leases import Renewal
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,12 @@ class Worker:
         while not self._stopping.is_set():
             await asyncio.sleep(interval)
             leases = [
-                (run_id, d.version, None if d.active_s is None else d.active_s())
+                Renewal(
+                    run_id,
+                    d.version,
+                    None if d.active_s is None else d.active_s(),
+                    d.progress is not None and d.progress.made,
+                )
                 for run_id, d in engine.drives.items()
             ]
             if not leases:
@@ -83,7 +89,7 @@ class Worker:
             except TRANSIENT_DB_ERRORS:
                 log.warning("cannot renew leases: database unreachable")
                 continue
-            for run_id, _, _ in leases:
+            for run_id, *_ in leases:
                 drive = engine.drives.get(run_id)
                 if run_id not in held and drive is not None:
                     # Someone else owns it now: stop without writing anything more.

@@ -58,7 +58,11 @@ async def open_host(
         maxima=settings.maxima(),
         bus=bus,
         lease_s=settings.lease_seconds,
-        retry=DriveRetry(settings.max_drive_failures, settings.drive_retry_seconds),
+        retry=DriveRetry(
+            settings.max_drive_failures,
+            settings.drive_retry_seconds,
+            max_takeovers=settings.max_takeovers,
+        ),
         memory=backend.memory,
     )
     listener = None

@@ -63,6 +63,10 @@ class Settings(BaseSettings):
     max_drive_failures: int = Field(default=5, ge=1)
     """Drives of a run in a row that may end on a database error (a checkpoint that
     cannot be written) before the run fails with CHECKPOINT_ERROR."""
+    max_takeovers: int = Field(default=3, ge=1)
+    """Takeovers of a run in a row (its worker died or stalled past the lease, and no
+    step was checkpointed since the last) at which it fails with RUN_CRASH_LOOP
+    instead of being driven again."""
     drive_retry_seconds: float = Field(default=1.0, gt=0)
     """The wait before driving such a run again; doubled after each further failure, up
     to a minute."""

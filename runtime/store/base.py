@@ -78,6 +78,9 @@ class DriveStart(NamedTuple):
     """The worker whose lease this drive's replaced after it expired unreleased."""
     active_s: float = 0.0
     """The run's active seconds as a drive last reported them with a lease renewal."""
+    takeovers: int = 0
+    """Leases in a row, this drive's included, that expired unreleased with no step of
+    the run checkpointed in between."""
 
 
 class RunStore(
@@ -339,6 +342,7 @@ class RunStore(
             int(row["drive_failures"]),
             row["taken_from"],
             float(row["active_s"]),
+            int(row["takeovers"]),
         )
 
     async def append_event(

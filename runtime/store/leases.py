@@ -3,21 +3,37 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from runtime.store.core import CANCEL_CHANNEL, ENDED, EVENTS_CHANNEL, WORK_CHANNEL, StoreCore
 
-__all__ = ["CANCEL_CHANNEL", "EVENTS_CHANNEL", "WORK_CHANNEL", "LeaseQueries"]
+__all__ = ["CANCEL_CHANNEL", "EVENTS_CHANNEL", "WORK_CHANNEL", "LeaseQueries", "Renewal"]
 
 CLAIM_SPARE = 16
 """Ranked runs a claim considers beyond its ``limit``, for those another worker is
 locking at that moment; a claim left short takes the rest at its next wake or sweep."""
 
 
-TAKE_OVER = "taken_from = lease_owner"
+TAKE_OVER = (
+    "taken_from = lease_owner, "
+    "takeovers = CASE WHEN lease_owner IS NULL THEN takeovers ELSE takeovers + 1 END"
+)
 """Part of every lease grant: the owner of the lease it replaces. A released lease has
 none; one that expired unreleased names the worker that died or stalled (SQL's SET
-reads the row as it was)."""
+reads the row as it was), and counts one more takeover in a row: a release, or a
+renewal by a drive that has checkpointed a step, counts them from zero again."""
+
+
+class Renewal(NamedTuple):
+    """One lease a heartbeat extends."""
+
+    run_id: str
+    version: int
+    active_s: float | None
+    """The run's active seconds so far; None if its drive has not started the graph."""
+    progressed: bool
+    """Whether the drive has checkpointed a step of the run: its takeovers in a row
+    count from zero again."""
 
 
 class LeaseQueries(StoreCore):
@@ -83,20 +99,18 @@ class LeaseQueries(StoreCore):
         )
         return int(got[0]["lease_version"]) if got else None
 
-    async def renew_leases(
-        self, owner: str, leases: Sequence[tuple[str, int, float | None]], lease_s: float
-    ) -> set[str]:
-        """Extend the leases still held, each (run_id, version, the run's active seconds
-        so far, None if its drive has not started the graph); returns the run_ids held."""
+    async def renew_leases(self, owner: str, leases: Sequence[Renewal], lease_s: float) -> set[str]:
+        """Extend the leases still held; returns the run_ids held."""
         held: set[str] = set()
         async with self.tx() as tx:
-            for run_id, version, active_s in leases:
+            for run_id, version, active_s, progressed in leases:
                 got = await tx.fetchone(
                     f"UPDATE runs SET lease_expires_at = {self.now_sql} + ?, "
-                    "active_s = COALESCE(?, active_s) "
+                    "active_s = COALESCE(?, active_s), "
+                    "takeovers = CASE WHEN ? = 1 THEN 0 ELSE takeovers END "
                     "WHERE run_id = ? AND lease_owner = ? AND lease_version = ? "
                     "RETURNING run_id",
-                    (lease_s, active_s, run_id, owner, version),
+                    (lease_s, active_s, int(progressed), run_id, owner, version),
                 )
                 if got is not None:
                     held.add(run_id)
@@ -127,12 +141,14 @@ class LeaseQueries(StoreCore):
         we drove it: a decision, a cancel), or None if the lease was no longer ours.
         """
         params: list[Any] = []
+        # The drive ended by itself (even on an error): the run did not kill its worker.
+        sets = "takeovers = 0, lease_owner = NULL"
         if retry_in is None:
-            sets = "lease_owner = NULL, lease_expires_at = NULL, drive_failures = 0"
+            sets += ", lease_expires_at = NULL, drive_failures = 0"
         else:
             # An unowned run whose lease_expires_at is ahead: no claim takes it before.
-            sets = (
-                "lease_owner = NULL, lease_expires_at = CASE WHEN cancel_requested IS NULL "
+            sets += (
+                ", lease_expires_at = CASE WHEN cancel_requested IS NULL "
                 f"OR ? = 1 THEN {self.now_sql} + ? END, "
                 "drive_failures = COALESCE(?, drive_failures + 1)"
             )

@@ -188,4 +188,10 @@ MIGRATIONS: list[list[str]] = [
         # takes over starts its clock from whichever is later.
         "ALTER TABLE runs ADD COLUMN active_s DOUBLE PRECISION NOT NULL DEFAULT 0",
     ],
+    [
+        # Leases in a row that expired unreleased with no step of the run checkpointed
+        # in between (runtime.store.leases): a run that keeps killing or stalling its
+        # worker is failed instead of being handed from worker to worker for ever.
+        "ALTER TABLE runs ADD COLUMN takeovers INTEGER NOT NULL DEFAULT 0",
+    ],
 ]

@@ -79,6 +79,7 @@ async def test_an_empty_token_setting_is_off(database_url: str, data_dir: Path) 
 
 def test_every_way_a_drive_ends_is_a_series_from_zero() -> None:
     text = Metrics().render({})
-    for how in ("stopped", "cancelled", "handed_back", "lease_lost", "db_error", "failed"):
+    ends = ("stopped", "cancelled", "handed_back", "lease_lost", "db_error", "crash_loop", "failed")
+    for how in ends:
         assert f'agent_runtime_drives_ended_total{{how="{how}"}} 0\n' in text
     assert "agent_runtime_drives_ended_total 0" not in text  # no unlabelled series

@@ -160,11 +160,13 @@ class ServerProcess(ChildProcess):
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir / f"server-{self.port}.log"
 
-    def start(self, timeout: float = 30.0) -> ServerProcess:
+    def start(self, timeout: float = 30.0, wait: bool = True) -> ServerProcess:
+        """Start the process; with ``wait``, return once it answers ``/readyz``."""
         self.proc = self._spawn(
             "serve", "--port", str(self.port), *(["--no-worker"] if self.no_worker else [])
         )
-        self.wait_until(lambda: answers(f"{self.base_url}/readyz", OPS), "server", timeout)
+        if wait:
+            self.wait_until(lambda: answers(f"{self.base_url}/readyz", OPS), "server", timeout)
         return self
 
     def client(self, headers: dict[str, str] = OPS) -> httpx.Client:

@@ -1,0 +1,53 @@
+"""A run that kills every worker it meets is failed, not handed on for ever.
+
+The sleep tool (idempotent: a takeover runs it again) SIGKILLs its process each time it
+is about to run; every restart takes the run over from its checkpoint and meets it
+again. The third takeover in a row with no step checkpointed in between fails the run
+with RUN_CRASH_LOOP instead of driving it once more (DESIGN §8: a recovery that cannot
+succeed is not retried without bound).
+"""
+
+from __future__ import annotations
+
+from tests.agents import counter_lines
+from tests.integration.conftest import state_is
+from tests.integration.server_proc import ServerProcess
+
+JSON = {"Accept": "application/json"}
+
+
+def test_a_run_that_kills_each_worker_fails_at_its_third_takeover(server: ServerProcess) -> None:
+    server.env["AGENT_RUNTIME_FAILPOINTS"] = "tool.before:sleep"
+    server.start()
+    with server.client() as http:
+        created = http.post("/runs", json={"agent_id": "slow_worker", "input": "sleep 0.05"})
+        run_id = created.json()["run_id"]
+    # The first worker, then two that took the run over from it, each killed by the call.
+    for lost in range(3):
+        assert server.proc is not None
+        assert server.proc.wait(60) == -9, f"worker {lost + 1} should have been killed"
+        server.start(wait=lost == 2)  # the restarts before it die as they start
+
+    with server.client() as http:
+        server.follow(run_id, state_is("succeeded", "failed"))
+        run = http.get(f"/runs/{run_id}").json()
+        calls = http.get(f"/runs/{run_id}/tool-calls").json()
+        events = http.get(f"/runs/{run_id}/events", headers=JSON).json()
+    assert server.alive, "the fourth worker does not drive the run: it lives"
+    assert run["state"] == "failed", run
+    assert run["outcome"]["code"] == "RUN_CRASH_LOOP"
+    counter, sleep = calls
+    # Each killed worker had counted an attempt of the sleep; none is made after them.
+    assert (counter["tool"], counter["status"]) == ("counter", "succeeded")
+    assert (sleep["tool"], sleep["attempts"]) == ("sleep", 3)
+    assert sleep["status"] == "cancelled" and sleep["error"]["code"] == "RUN_CRASH_LOOP"
+    assert len(counter_lines(server.data_dir)) == 1
+
+    errors = [e["data"] for e in events if e["type"] == "error"]
+    assert [e["code"] for e in errors] == ["WORKER_LOST"] * 3 + ["RUN_CRASH_LOOP"]
+    final = errors[-1]
+    assert final["tool_call_id"] == sleep["tool_call_id"]
+    assert final["recovery"] == "human" and "3 workers in a row" in final["message"]
+    assert errors[-2]["worker"] in final["message"]
+    results = [(e["data"]["tool"], e["data"]["status"]) for e in events if e["type"] == "result"]
+    assert results == [("counter", "succeeded"), ("sleep", "cancelled")]
