@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -292,3 +293,24 @@ async def test_a_deferred_change_the_run_has_gone_past_to_its_end_is_dropped(
     await view.flush()
 
     assert await state_of(store, run.run_id) is State.SUCCEEDED
+
+
+@pytest.mark.usefixtures("slow_flush")
+async def test_a_drive_giving_up_a_lost_lease_leaves_its_deferred_change_quietly(
+    backend: object, make_run: MakeRun, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The new holder starts the node again and writes its own: a drive that ends
+    after losing the lease has nothing to warn about (a database that fails it does)."""
+    from runtime.engine import _flush_quietly
+
+    store = store_of(backend)
+    run = await make_run(store)
+    stale, _current = await stale_and_current(store, run.run_id)
+    stale.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+
+    with caplog.at_level(logging.INFO, logger="runtime.engine"):
+        await _flush_quietly(stale)
+
+    assert await state_of(store, run.run_id) is State.PENDING
+    [record] = [r for r in caplog.records if "deferred state change" in r.getMessage()]
+    assert record.levelno == logging.INFO and record.exc_info is None
