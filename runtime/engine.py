@@ -231,7 +231,11 @@ class Engine(RunCommands):
             elif found.takeovers >= self.retry.max_takeovers:
                 how = "crash_loop"
                 cut = await self._cut_at_start(found)
-                await fail_crash_loop(store, self._setting_of(found.run.agent_id), found, cut)
+                # Past the limit, a drive before this one died failing the run (or the
+                # limit was lowered): asking the tools again may be what kills workers.
+                ask = found.takeovers == self.retry.max_takeovers
+                setting = self._setting_of(found.run.agent_id)
+                await fail_crash_loop(store, setting, found, cut, ask_tools=ask)
             else:
                 try:
                     # Lease versions count every grant: a pending run's first has no

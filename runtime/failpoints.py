@@ -17,6 +17,7 @@ POINTS = {
     "tool.during": "(publish_report) the outbox row is committed; the handler has not returned",
     "tool.after": "the handler returned; its outcome is not yet in the ledger",
     "ledger.after": "the outcome is in the ledger; the checkpoint is not yet written",
+    "reconcile": "a tool's reconcile is about to ask the real system what a call did",
 }
 
 

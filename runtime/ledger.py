@@ -141,6 +141,7 @@ class ReconcileFailed(Exception):
 
 async def _reconcile(spec: ToolSpec, args: BaseModel, tctx: ToolContext) -> Any | None:
     assert spec.reconcile is not None
+    failpoints.hit("reconcile", spec.name)
     try:
         return await spec.reconcile(args, tctx)
     except Exception as exc:

@@ -77,13 +77,15 @@ async def after_failed_drive(
 
 
 async def fail_crash_loop(
-    store: RunStore, setting: CallSetting, found: DriveStart, cut: CutOff
+    store: RunStore, setting: CallSetting, found: DriveStart, cut: CutOff, *, ask_tools: bool
 ) -> None:
     """End a run taken over ``found.takeovers`` times in a row without moving on, rather
     than run what its last drives were doing when their workers died once more.
 
     ``cut``: where its checkpoint has it. The calls left running are settled as a
-    cancel's are (asked of the real system where the tool can say), then closed."""
+    cancel's are (asked of the real system where the tool can say), then closed; not
+    asked without ``ask_tools`` (a drive failing the run died while it asked: the
+    tool's own reconcile may be what kills workers), their effects then unknown."""
     run = found.run
     message = (
         f"{found.takeovers} workers in a row stopped driving the run (the last: "
@@ -91,7 +93,13 @@ async def fail_crash_loop(
     )
     log.error("run %s failed: %s", run.run_id, message)
     charged = await cut_off_usage(store, run, cut)
-    running = await settle_running_calls(store, setting, run, Code.RUN_CRASH_LOOP, message)
+    if ask_tools:
+        running = await settle_running_calls(store, setting, run, Code.RUN_CRASH_LOOP, message)
+    else:
+        running = [
+            c.tool_call_id for c in await store.list_tool_calls(run.run_id) if c.status == "running"
+        ]
+        message += "; its tools were not asked what its running calls did"
     await fail_run(
         store,
         run.run_id,

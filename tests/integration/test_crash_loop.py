@@ -9,9 +9,13 @@ succeed is not retried without bound).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.agents import counter_lines
+from tests.auth import MGR
 from tests.integration.conftest import state_is
 from tests.integration.server_proc import ServerProcess
+from tools.retail import outbox_rows
 
 JSON = {"Accept": "application/json"}
 
@@ -51,3 +55,47 @@ def test_a_run_that_kills_each_worker_fails_at_its_third_takeover(server: Server
     assert errors[-2]["worker"] in final["message"]
     results = [(e["data"]["tool"], e["data"]["status"]) for e in events if e["type"] == "result"]
     assert results == [("counter", "succeeded"), ("sleep", "cancelled")]
+
+
+def test_a_reconcile_that_kills_the_worker_is_not_asked_again_to_fail_the_run(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """The publish is cut off mid-call; every takeover asks its reconcile what became of
+    it, and the reconcile kills the worker. The drive that reaches the limit asks once
+    more, as a cancel would, and dies too; the next fails the run without asking."""
+    server = ServerProcess(data_dir, f"sqlite:///{tmp_path / 'runtime.db'}")
+    try:
+        server.env["AGENT_RUNTIME_FAILPOINTS"] = "tool.during:publish_report,reconcile"
+        server.start()
+        with server.client() as http:
+            run_id = http.post(
+                "/runs", json={"input": "east drop?", "context": {"scope": ["sales_region:east"]}}
+            ).json()["run_id"]
+            server.follow(run_id, state_is("waiting_human"))
+            approval_id = http.get(f"/runs/{run_id}").json()["pending_approval"]["approval_id"]
+            http.post(
+                f"/runs/{run_id}/approvals/{approval_id}", json={"decision": "approve"}, headers=MGR
+            )
+        # Killed publishing, then by the reconcile in three takeovers (the third's
+        # failing of the run included).
+        for lost in range(4):
+            assert server.proc is not None
+            assert server.proc.wait(60) == -9, f"worker {lost + 1} should have been killed"
+            server.start(wait=lost == 3)
+
+        with server.client() as http:
+            server.follow(run_id, state_is("succeeded", "failed"))
+            run = http.get(f"/runs/{run_id}").json()
+            calls = {c["tool"]: c for c in http.get(f"/runs/{run_id}/tool-calls").json()}
+        assert server.alive
+    finally:
+        server.stop()
+    assert run["state"] == "failed" and run["outcome"]["code"] == "RUN_CRASH_LOOP", run
+    assert "4 workers in a row" in run["outcome"]["message"]
+    assert "not asked" in run["outcome"]["message"]
+    publish = calls["publish_report"]
+    assert publish["status"] == "cancelled" and publish["attempts"] == 1
+    # It did take effect, once: nobody could say so, so the outcome lists it as an
+    # effect that may have happened.
+    assert len(outbox_rows(data_dir / "retail.db")) == 1
+    assert publish["tool_call_id"] in run["outcome"]["side_effects"]
