@@ -11,33 +11,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.cancelling import CutOff
 from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.lifecycle import TERMINAL, State
 from runtime.model import Approval, ApprovalDecision, Run
+from runtime.retry import DriveRetry
 from runtime.store.base import RunStore
 
 HISTORY_PAGE = 16
 """Checkpoints read at a time when looking back through a run's history."""
-
-
-@dataclass
-class Progress:
-    """How far a drive got, for counting the drives that fail, or lose their worker, in a row."""
-
-    tasks: int = 0
-    """Graph tasks it started."""
-    cut: CutOff | None = None
-    """Where the graph was when a cancel cut the drive off."""
-
-    @property
-    def made(self) -> bool:
-        # Under durability "sync" a task starts only once the superstep before it is
-        # checkpointed: a second task means the drive wrote something that lasts (the
-        # first may be one a checkpoint already held, started again on resume). This
-        # holds because every superstep of the run graph has one task (no fan-out).
-        return self.tasks >= 2
 
 
 @dataclass
@@ -54,9 +36,9 @@ class Drive:
     active_s: Callable[[], float] | None = None
     """The run's active seconds so far, once the drive runs its graph (the heartbeat
     records them: a crash must not give the run its unsaved time back)."""
-    progress: Progress | None = None
-    """How far it got, once it has begun (the heartbeat records whether it checkpointed
-    a step: a run that does is not one that keeps killing its worker)."""
+    isolated: bool = False
+    """Its run is a suspect (its workers keep dying): until it checkpoints a step or
+    ends, this process drives nothing else (see ``LeaseQueries.claim_suspect``)."""
 
 
 class RunCommands:
@@ -68,6 +50,7 @@ class RunCommands:
     """The compiled graph of each agent (compiled by the engine, with its checkpointer)."""
     lease_s: float
     owner: str
+    retry: DriveRetry
     renews_leases: bool
     """Whether a worker of this process keeps the leases of its drives alive."""
     _cancelling: set[str]
@@ -170,7 +153,10 @@ class RunCommands:
             # Nobody drives it (queued behind full workers, parked, or its worker died):
             # stop it here and now rather than wait for a free slot somewhere. The
             # lease keeps any worker's claim off it; the drive only finishes the cancel.
-            version = await self.store.take_lease(run_id, self.owner, self.lease_s)
+            # Not a suspect: only a worker with nothing else to drive takes that.
+            version = await self.store.take_lease(
+                run_id, self.owner, self.lease_s, self.retry.max_takeovers
+            )
             if version is not None:
                 self.start_drive(run_id, version)
         self.wake()

@@ -19,6 +19,7 @@ import socket
 import sqlite3
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -38,7 +39,7 @@ from runtime.cancelling import (
     finish_cancel,
     settle_running_calls,
 )
-from runtime.commands import Drive, Progress, RunCommands
+from runtime.commands import Drive, RunCommands
 from runtime.context import Context
 from runtime.errors import CODES, Code, RuntimeProblem
 from runtime.eventbus import EventBus
@@ -87,6 +88,26 @@ def _collected(task: asyncio.Future[None]) -> None:
 def _stopped_at(active_s: float) -> Callable[[], float]:
     """A clock stopped at ``active_s``: the graph was cut off, the rest is not its work."""
     return lambda: active_s
+
+
+@dataclass
+class Progress:
+    """How far a drive got, for counting the drives that fail, or lose their worker, in a row."""
+
+    tasks: int = 0
+    """Graph tasks it started."""
+    cut: CutOff | None = None
+    """Where the graph was when a cancel cut the drive off."""
+    taken_over: bool = False
+    """The run has takeovers in a row to its name, to clear once the drive moves it on."""
+
+    @property
+    def made(self) -> bool:
+        # Under durability "sync" a task starts only once the superstep before it is
+        # checkpointed: a second task means the drive wrote something that lasts (the
+        # first may be one a checkpoint already held, started again on resume). This
+        # holds because every superstep of the run graph has one task (no fan-out).
+        return self.tasks >= 2
 
 
 class Engine(RunCommands):
@@ -184,11 +205,17 @@ class Engine(RunCommands):
 
     # -- driving --------------------------------------------------------------
 
-    def start_drive(self, run_id: str, version: int) -> None:
-        """Drive a run this process has just leased (called by the worker)."""
+    def start_drive(self, run_id: str, version: int, *, isolated: bool = False) -> None:
+        """Drive a run this process has just leased (called by the worker); ``isolated``:
+        a suspect, driven alone (:meth:`isolating`)."""
         task = asyncio.create_task(self._drive(run_id, version), name=f"drive:{run_id}")
-        self.drives[run_id] = Drive(task, version)
+        self.drives[run_id] = Drive(task, version, isolated=isolated)
         task.add_done_callback(lambda t: self._forget(run_id, t))
+
+    def isolating(self) -> bool:
+        """Whether a suspect's drive has the process to itself: the worker claims nothing
+        until it moves its run on or ends."""
+        return any(drive.isolated for drive in self.drives.values())
 
     def _forget(self, run_id: str, task: asyncio.Task[None]) -> None:
         drive = self.drives.get(run_id)
@@ -202,15 +229,14 @@ class Engine(RunCommands):
         self.bus.publish(run_id, 0)  # wake anyone waiting for the run to settle
 
     async def _drive(self, run_id: str, version: int) -> None:
-        progress = Progress()
         drive = self.drives.get(run_id)
         if drive is not None and drive.version == version:
             drive.started = True  # a cancel notice may stop it from here on
-            drive.progress = progress
         store = self.store.fenced(run_id, version)
         release: bool | None = None  # needs_drive after release; None: leave as is
         retry_in: float | None = None  # the drive failed: when the run may be driven again
         failures: int | None = None  # drives in a row before this one that failed
+        progress = Progress()
         how = "stopped"  # how the drive ended, for the metrics
         carries_cancel = False  # the drive began to carry out a cancel already asked for
         self.metrics.inc("drives_started_total")
@@ -219,24 +245,26 @@ class Engine(RunCommands):
             failures = found.failures if found is not None else 0
             if found is not None and found.taken_from is not None:
                 await self._record_takeover(store, found, version)
-            if found is not None and found.cancel is not None:
+            if found is None or found.run.state in TERMINAL:
+                pass
+            elif found.takeovers > self.retry.max_takeovers:
+                # A suspect that killed the worker it had to itself (claim_suspect).
+                how = "crash_loop"
+                progress.cut = cut = await self._cut_at_start(found)
+                # Further past the limit, a drive before this one died failing the run
+                # (or the limit was lowered): asking the tools again may be what kills.
+                ask = found.takeovers == self.retry.max_takeovers + 1
+                setting = self._setting_of(found.run.agent_id)
+                await fail_crash_loop(store, setting, found, cut, ask_tools=ask)
+            elif found.cancel is not None:
                 how = "cancelled"
                 carries_cancel = True
                 # Already stopping: a second cancel notice must not cut this short.
                 self._cancelling.add(run_id)
                 progress.cut = await self._cut_at_start(found)
                 await finish_cancel(store, self._setting_of, run_id, *found.cancel, progress.cut)
-            elif found is None or found.run.state in TERMINAL:
-                pass
-            elif found.takeovers >= self.retry.max_takeovers:
-                how = "crash_loop"
-                cut = await self._cut_at_start(found)
-                # Past the limit, a drive before this one died failing the run (or the
-                # limit was lowered): asking the tools again may be what kills workers.
-                ask = found.takeovers == self.retry.max_takeovers
-                setting = self._setting_of(found.run.agent_id)
-                await fail_crash_loop(store, setting, found, cut, ask_tools=ask)
             else:
+                progress.taken_over = found.takeovers > 0
                 try:
                     # Lease versions count every grant: a pending run's first has no
                     # checkpoint to read. (Not a run an upgrade gave its first lease.)
@@ -371,6 +399,19 @@ class Engine(RunCommands):
             log.warning("could not read the checkpoint of %s to cancel it", run.run_id)
             return {}
         return snapshot.values or {}
+
+    async def _moved_on(self, run_id: str, progress: Progress) -> None:
+        """The drive has checkpointed a step of a run taken over: whatever killed the
+        workers before it, the run is not stuck on it. Its count starts again, and a
+        suspect's isolation ends."""
+        progress.taken_over = False
+        drive = self._own_drive(run_id)
+        if drive is None:
+            return
+        await self.store.clear_takeovers(run_id, self.owner, drive.version)
+        if drive.isolated:
+            drive.isolated = False
+            self.wake()
 
     async def _cut_at_start(self, found: DriveStart) -> CutOff:
         """Where the run's checkpoint has it, for a drive that ends the run unstarted."""
@@ -513,6 +554,8 @@ class Engine(RunCommands):
                         elif mode == "tasks" and "input" in part:
                             self._unless_cancelled(run_id)
                             progress.tasks += 1
+                            if progress.taken_over and progress.made:
+                                await self._moved_on(run_id, progress)
                             await adapter.on_task_start(part["name"])
                     self._unless_cancelled(run_id)
             except asyncio.CancelledError:

@@ -9,8 +9,9 @@ cannot be persisted executes no further side effect).
 A worker that dies (or stalls past its lease) mid-drive is replaced: the next one takes
 the run over from its checkpoint. A run that kills each worker it meets (a tool that
 runs the process out of memory, a native crash) would take the fleet down one worker
-after another: the ``max_takeovers``-th takeover in a row with no step checkpointed in
-between fails it with RUN_CRASH_LOOP instead of driving it again.
+after another: at the ``max_takeovers``-th takeover in a row with no step checkpointed
+in between it is a suspect, driven by a worker alone (``LeaseQueries.claim_suspect``);
+killing that one too, it fails with RUN_CRASH_LOOP instead of being driven again.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class DriveRetry:
     """The longest wait between two drives."""
     max_takeovers: int = 3
     """Takeovers in a row (leases that expired unreleased, with no step checkpointed in
-    between) at which the run fails rather than be driven again."""
+    between) that make a run a suspect; one more, and it fails."""
 
     def delay(self, failures: int) -> float:
         """The wait before driving the run again after its ``failures``-th failed drive."""
@@ -79,8 +80,9 @@ async def after_failed_drive(
 async def fail_crash_loop(
     store: RunStore, setting: CallSetting, found: DriveStart, cut: CutOff, *, ask_tools: bool
 ) -> None:
-    """End a run taken over ``found.takeovers`` times in a row without moving on, rather
-    than run what its last drives were doing when their workers died once more.
+    """End a run taken over ``found.takeovers`` times in a row without moving on, the
+    last from a worker it had to itself, rather than run what its drives were doing
+    when their workers died once more.
 
     ``cut``: where its checkpoint has it. The calls left running are settled as a
     cancel's are (asked of the real system where the tool can say), then closed; not
@@ -89,8 +91,11 @@ async def fail_crash_loop(
     run = found.run
     message = (
         f"{found.takeovers} workers in a row stopped driving the run (the last: "
-        f"{found.taken_from}) before it checkpointed a step: it is not driven again"
+        f"{found.taken_from}, which drove nothing else) before it checkpointed a step: "
+        "it is not driven again"
     )
+    if found.cancel is not None and found.cancel[1]:
+        message += "; the compensation its cancel asked for was not run"
     log.error("run %s failed: %s", run.run_id, message)
     charged = await cut_off_usage(store, run, cut)
     if ask_tools:

@@ -12,7 +12,6 @@ import contextlib
 import logging
 
 from runtime.engine import TRANSIENT_DB_ERRORS, Engine
-from runtime.store.leases import Renewal
 
 log = logging.getLogger(__name__)
 
@@ -49,24 +48,46 @@ class Worker:
     async def _claim_loop(self) -> None:
         engine = self.engine
         backoff = self.sweep_s
+        swept = False  # woken by the sweep's timer, not by a notice
+        draining = False  # a suspect waits for a worker with nothing else to drive
         while not self._stopping.is_set():
             engine.work.clear()
             free = self.concurrency - len(engine.drives)
+            claimed: list[tuple[str, int]] = []
             try:
-                claimed = await engine.store.claim_runs(engine.owner, free, engine.lease_s)
+                if not engine.drives:
+                    draining = False
+                    suspect = await engine.store.claim_suspect(
+                        engine.owner, engine.lease_s, engine.retry.max_takeovers
+                    )
+                    if suspect is not None:
+                        engine.start_drive(*suspect, isolated=True)
+                elif swept and not engine.isolating():
+                    # Busy workers would keep a suspect waiting for ever: after a lease
+                    # of waiting, they take no more runs until one of them is idle.
+                    draining = await engine.store.suspect_waiting(
+                        engine.retry.max_takeovers, engine.lease_s
+                    )
+                if not (engine.isolating() or draining):
+                    claimed = await engine.store.claim_runs(
+                        engine.owner, free, engine.lease_s, engine.retry.max_takeovers
+                    )
                 backoff = self.sweep_s
             except TRANSIENT_DB_ERRORS:
                 log.warning("cannot claim runs: database unreachable; retrying in %.1fs", backoff)
-                claimed = []
                 backoff = min(backoff * 2, 10.0)
             for run_id, version in claimed:
                 if run_id not in engine.drives:
                     engine.start_drive(run_id, version)
             if claimed and len(claimed) == free:
                 continue  # there may be more waiting
-            engine.full = len(engine.drives) >= self.concurrency
-            with contextlib.suppress(TimeoutError):
+            # Full, isolating or draining: a drive that ends (or moves on) wakes us.
+            engine.full = len(engine.drives) >= self.concurrency or engine.isolating() or draining
+            swept = False
+            try:
                 await asyncio.wait_for(engine.work.wait(), backoff)
+            except TimeoutError:
+                swept = True
 
     async def _heartbeat_loop(self) -> None:
         engine = self.engine
@@ -74,12 +95,7 @@ class Worker:
         while not self._stopping.is_set():
             await asyncio.sleep(interval)
             leases = [
-                Renewal(
-                    run_id,
-                    d.version,
-                    None if d.active_s is None else d.active_s(),
-                    d.progress is not None and d.progress.made,
-                )
+                (run_id, d.version, None if d.active_s is None else d.active_s())
                 for run_id, d in engine.drives.items()
             ]
             if not leases:
@@ -89,7 +105,7 @@ class Worker:
             except TRANSIENT_DB_ERRORS:
                 log.warning("cannot renew leases: database unreachable")
                 continue
-            for run_id, *_ in leases:
+            for run_id, _, _ in leases:
                 drive = engine.drives.get(run_id)
                 if run_id not in held and drive is not None:
                     # Someone else owns it now: stop without writing anything more.

@@ -65,8 +65,8 @@ class Settings(BaseSettings):
     cannot be written) before the run fails with CHECKPOINT_ERROR."""
     max_takeovers: int = Field(default=3, ge=1)
     """Takeovers of a run in a row (its worker died or stalled past the lease, and no
-    step was checkpointed since the last) at which it fails with RUN_CRASH_LOOP
-    instead of being driven again."""
+    step was checkpointed since the last) at which it is driven by a worker alone;
+    killing that one too, it fails with RUN_CRASH_LOOP."""
     drive_retry_seconds: float = Field(default=1.0, gt=0)
     """The wait before driving such a run again; doubled after each further failure, up
     to a minute."""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from runtime.store.core import CANCEL_CHANNEL, ENDED, EVENTS_CHANNEL, WORK_CHANNEL, StoreCore
 
-__all__ = ["CANCEL_CHANNEL", "EVENTS_CHANNEL", "WORK_CHANNEL", "LeaseQueries", "Renewal"]
+__all__ = ["CANCEL_CHANNEL", "EVENTS_CHANNEL", "WORK_CHANNEL", "LeaseQueries"]
 
 CLAIM_SPARE = 16
 """Ranked runs a claim considers beyond its ``limit``, for those another worker is
@@ -15,32 +15,35 @@ locking at that moment; a claim left short takes the rest at its next wake or sw
 
 
 TAKE_OVER = (
-    "taken_from = lease_owner, "
-    "takeovers = CASE WHEN lease_owner IS NULL THEN takeovers ELSE takeovers + 1 END"
+    "taken_from = CASE WHEN lease_owner = ? THEN NULL ELSE lease_owner END, "
+    "takeovers = CASE WHEN lease_owner IS NULL OR lease_owner = ? "
+    "THEN takeovers ELSE takeovers + 1 END"
 )
-"""Part of every lease grant: the owner of the lease it replaces. A released lease has
-none; one that expired unreleased names the worker that died or stalled (SQL's SET
-reads the row as it was), and counts one more takeover in a row: a release, or a
-renewal by a drive that has checkpointed a step, counts them from zero again."""
+"""Part of every lease grant (its two parameters: the new owner): the owner of the
+lease it replaces. A released lease has none; one that expired unreleased names the
+worker that died or stalled (SQL's SET reads the row as it was), and counts one more
+takeover in a row. A worker taking back its own lease (it could not renew it) is
+neither. A release, or a drive that checkpoints a step, counts from zero again."""
+
+SUSPECT_ROWS = "needs_drive = 1 AND (lease_owner IS NOT NULL OR takeovers > 0)"
+"""The only waiting runs that can be suspects (the predicate of their partial index)."""
 
 
-class Renewal(NamedTuple):
-    """One lease a heartbeat extends."""
-
-    run_id: str
-    version: int
-    active_s: float | None
-    """The run's active seconds so far; None if its drive has not started the graph."""
-    progressed: bool
-    """Whether the drive has checkpointed a step of the run: its takeovers in a row
-    count from zero again."""
+def blame(runs: str) -> str:
+    """The takeovers in a row a lease grant would leave ``runs`` with (a worker's own
+    expired lease counted too: it may not be ours)."""
+    return f"({runs}.takeovers + CASE WHEN {runs}.lease_owner IS NULL THEN 0 ELSE 1 END)"
 
 
 class LeaseQueries(StoreCore):
     """Mixed into RunStore; ``now_sql`` is the database's clock in epoch seconds."""
 
-    async def claim_runs(self, owner: str, limit: int, lease_s: float) -> list[tuple[str, int]]:
-        """Claim up to ``limit`` runs that need driving and have no live lease.
+    async def claim_runs(
+        self, owner: str, limit: int, lease_s: float, max_takeovers: int | None = None
+    ) -> list[tuple[str, int]]:
+        """Claim up to ``limit`` runs that need driving and have no live lease, and are
+        no suspects: ``max_takeovers`` or more takeovers in a row (see
+        :meth:`claim_suspect`; None: suspects too).
 
         Returns (run_id, lease_version) pairs; the version is the fencing token.
         Uses the database's clock, so workers' clocks need not agree.
@@ -61,11 +64,12 @@ class LeaseQueries(StoreCore):
         # are repeated on the locked rows: PostgreSQL rechecks those (not the ranking's
         # snapshot) on a row another worker has just leased.
         now = self.now_sql
+        innocent = "" if max_takeovers is None else f" AND {{b}} < {int(max_takeovers)}"
 
         def ready(runs: str) -> str:
             return (
                 f"{runs}.needs_drive = 1 AND ({runs}.lease_expires_at IS NULL "
-                f"OR {runs}.lease_expires_at < {now})"
+                f"OR {runs}.lease_expires_at < {now})" + innocent.format(b=blame(runs))
             )
 
         rows = await self.write_once(
@@ -83,34 +87,84 @@ class LeaseQueries(StoreCore):
             f"UPDATE runs SET {TAKE_OVER}, lease_owner = ?, "
             f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
             "WHERE run_id IN (SELECT run_id FROM picked) RETURNING run_id, lease_version",
-            (limit + CLAIM_SPARE, limit, owner, lease_s),
+            (limit + CLAIM_SPARE, limit, owner, owner, owner, lease_s),
         )
         return [(row["run_id"], int(row["lease_version"])) for row in rows]
 
-    async def take_lease(self, run_id: str, owner: str, lease_s: float) -> int | None:
+    async def claim_suspect(
+        self, owner: str, lease_s: float, max_takeovers: int
+    ) -> tuple[str, int] | None:
+        """Claim the oldest waiting suspect: a run whose leases expired unreleased
+        ``max_takeovers`` times in a row (this grant's included) with no step
+        checkpointed in between. Every run a dead worker held is taken over, the one
+        that killed it and those beside it alike: only a worker that drives nothing else
+        may take a suspect, and it takes nothing else until the suspect has moved on,
+        so that a suspect that kills it again has done it alone."""
+        now = self.now_sql
+        rows = await self.write_once(
+            "WITH picked AS (SELECT run_id FROM runs "
+            f"WHERE {SUSPECT_ROWS} AND (lease_expires_at IS NULL OR lease_expires_at < {now}) "
+            f"AND {blame('runs')} >= {int(max_takeovers)} "
+            f"ORDER BY updated_at, run_id LIMIT 1{self.skip_locked}) "
+            f"UPDATE runs SET {TAKE_OVER}, lease_owner = ?, "
+            f"lease_expires_at = {now} + ?, lease_version = lease_version + 1 "
+            "WHERE run_id IN (SELECT run_id FROM picked) RETURNING run_id, lease_version",
+            (owner, owner, owner, lease_s),
+        )
+        return (rows[0]["run_id"], int(rows[0]["lease_version"])) if rows else None
+
+    async def suspect_waiting(self, max_takeovers: int, for_s: float) -> bool:
+        """Whether a suspect has waited ``for_s`` seconds or more for a worker to take
+        it alone (see :meth:`claim_suspect`)."""
+        async with self.read() as tx:
+            row = await tx.fetchone(
+                f"SELECT 1 AS found FROM runs WHERE {SUSPECT_ROWS} "
+                f"AND COALESCE(lease_expires_at, 0) < {self.now_sql} - ? "
+                f"AND {blame('runs')} >= {int(max_takeovers)} LIMIT 1",
+                (for_s,),
+            )
+        return row is not None
+
+    async def clear_takeovers(self, run_id: str, owner: str, version: int) -> bool:
+        """The drive holding the run checkpointed a step: it is not one that kills its
+        workers, whatever those before it did."""
+        got = await self.write_once(
+            "UPDATE runs SET takeovers = 0 WHERE run_id = ? AND lease_owner = ? "
+            "AND lease_version = ? RETURNING run_id",
+            (run_id, owner, version),
+        )
+        return bool(got)
+
+    async def take_lease(
+        self, run_id: str, owner: str, lease_s: float, max_takeovers: int | None = None
+    ) -> int | None:
         """Claim one run whatever it needs (a backoff included), unless a lease on it is
-        live, ours too: a drive of this process may have claimed it a moment ago."""
+        live, ours too: a drive of this process may have claimed it a moment ago; or it
+        is a suspect (``max_takeovers``: see :meth:`claim_suspect`)."""
+        innocent = "" if max_takeovers is None else f" AND {blame('runs')} < {int(max_takeovers)}"
         got = await self.write_once(
             f"UPDATE runs SET {TAKE_OVER}, lease_owner = ?, "
             f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
             "WHERE run_id = ? AND (lease_owner IS NULL OR "
-            f"lease_expires_at < {self.now_sql}) RETURNING lease_version",
-            (owner, lease_s, run_id),
+            f"lease_expires_at < {self.now_sql}){innocent} RETURNING lease_version",
+            (owner, owner, owner, lease_s, run_id),
         )
         return int(got[0]["lease_version"]) if got else None
 
-    async def renew_leases(self, owner: str, leases: Sequence[Renewal], lease_s: float) -> set[str]:
-        """Extend the leases still held; returns the run_ids held."""
+    async def renew_leases(
+        self, owner: str, leases: Sequence[tuple[str, int, float | None]], lease_s: float
+    ) -> set[str]:
+        """Extend the leases still held, each (run_id, version, the run's active seconds
+        so far, None if its drive has not started the graph); returns the run_ids held."""
         held: set[str] = set()
         async with self.tx() as tx:
-            for run_id, version, active_s, progressed in leases:
+            for run_id, version, active_s in leases:
                 got = await tx.fetchone(
                     f"UPDATE runs SET lease_expires_at = {self.now_sql} + ?, "
-                    "active_s = COALESCE(?, active_s), "
-                    "takeovers = CASE WHEN ? = 1 THEN 0 ELSE takeovers END "
+                    "active_s = COALESCE(?, active_s) "
                     "WHERE run_id = ? AND lease_owner = ? AND lease_version = ? "
                     "RETURNING run_id",
-                    (lease_s, active_s, int(progressed), run_id, owner, version),
+                    (lease_s, active_s, run_id, owner, version),
                 )
                 if got is not None:
                     held.add(run_id)
@@ -141,10 +195,11 @@ class LeaseQueries(StoreCore):
         we drove it: a decision, a cancel), or None if the lease was no longer ours.
         """
         params: list[Any] = []
-        # The drive ended by itself (even on an error): the run did not kill its worker.
-        sets = "takeovers = 0, lease_owner = NULL"
+        sets = "lease_owner = NULL"
         if retry_in is None:
-            sets += ", lease_expires_at = NULL, drive_failures = 0"
+            # The drive ended by itself: the run did not kill its worker. (One that
+            # failed on the database may have moved nothing on: its count stands.)
+            sets += ", lease_expires_at = NULL, drive_failures = 0, takeovers = 0"
         else:
             # An unowned run whose lease_expires_at is ahead: no claim takes it before.
             sets += (

@@ -15,7 +15,6 @@ from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
 from runtime.model import Approval, utcnow
 from runtime.store.base import RunStore
-from runtime.store.leases import Renewal
 from runtime.store.schema import MIGRATIONS
 from runtime.store.sqlite import SqliteRunStore
 from tests.unit.conftest import MakeRun, build_run
@@ -491,10 +490,10 @@ async def test_a_lease_renewal_records_the_active_time_of_the_drive_holding_it(
     found = await store.get_run_to_drive(run_id)
     assert run_id == run.run_id and found is not None and found.active_s == 0.0
 
-    assert await store.renew_leases("w1", [Renewal(run_id, version, 12.5, False)], 30.0) == {run_id}
-    assert await store.renew_leases("w1", [Renewal(run_id, version, None, False)], 30.0) == {run_id}
+    assert await store.renew_leases("w1", [(run_id, version, 12.5)], 30.0) == {run_id}
+    assert await store.renew_leases("w1", [(run_id, version, None)], 30.0) == {run_id}
     # Nor does anyone but the lease's holder move it.
-    assert await store.renew_leases("w2", [Renewal(run_id, version, 99.0, False)], 30.0) == set()
+    assert await store.renew_leases("w2", [(run_id, version, 99.0)], 30.0) == set()
 
     found = await store.get_run_to_drive(run_id)
     assert found is not None and found.active_s == 12.5
@@ -510,49 +509,66 @@ async def test_a_lease_renewal_records_the_active_time_of_the_drive_holding_it(
 async def test_takeovers_count_in_a_row_until_a_drive_moves_the_run_on(
     backend: object, make_run: MakeRun
 ) -> None:
-    """Each lease that expired unreleased counts; a drive that gave the run back, or
-    renewed its lease having checkpointed a step, starts the count again."""
+    """Each lease that expired unreleased counts, unless its own worker takes it back; a
+    drive that checkpoints a step (clear_takeovers) or gives the run back starts the
+    count again; one that failed on the database does not."""
     store = store_of(backend)
     run = await make_run(store)
 
-    async def takeovers() -> int:
+    async def takeovers() -> tuple[int, str | None]:
         found = await store.get_run_to_drive(run.run_id)
         assert found is not None
-        return found.takeovers
+        return found.takeovers, found.taken_from
 
     [(_, version)] = await store.claim_runs("w1", 1, -1.0)  # a lease that has run out
-    assert await takeovers() == 0
+    assert await takeovers() == (0, None)
     [(_, version)] = await store.claim_runs("w2", 1, -1.0)
-    assert await takeovers() == 1
+    assert await takeovers() == (1, "w1")
     taken = await store.take_lease(run.run_id, "w3", -1.0)  # a cancel's take counts too
-    assert taken is not None and await takeovers() == 2
+    assert taken is not None and await takeovers() == (2, "w2")
+    # A worker that could not renew its lease and takes it back has lost nobody.
+    taken = await store.take_lease(run.run_id, "w3", 30.0)
+    assert taken is not None and await takeovers() == (2, None)
+
+    # Another worker's clearing changes nothing; the holder's starts the count again.
+    assert not await store.clear_takeovers(run.run_id, "w1", taken)
+    assert await store.clear_takeovers(run.run_id, "w3", taken)
+    assert await takeovers() == (0, None)
+
+    # A drive that failed on the database keeps it; one that ended by itself does not.
+    await store.renew_leases("w3", [(run.run_id, taken, None)], -1.0)
     [(_, version)] = await store.claim_runs("w4", 1, 30.0)
-    assert await takeovers() == 3
+    assert await takeovers() == (1, "w3")
+    await store.release_lease(run.run_id, "w4", version, needs_drive=None, retry_in=0.0)
+    assert (await takeovers())[0] == 1
+    taken = await store.take_lease(run.run_id, "w5", 30.0)  # released: no takeover
+    assert taken is not None and await takeovers() == (1, None)
+    await store.release_lease(run.run_id, "w5", taken, needs_drive=True)
+    assert (await takeovers())[0] == 0
 
-    # A renewal by a drive that has not moved the run on keeps the count.
-    assert await store.renew_leases("w4", [Renewal(run.run_id, version, 1.0, False)], -1.0)
-    assert await takeovers() == 3
-    [(_, version)] = await store.claim_runs("w5", 1, 30.0)
-    assert await takeovers() == 4
-    # One that has starts it again; another worker's renewal changes nothing.
-    assert not await store.renew_leases("w1", [Renewal(run.run_id, 1, 1.0, True)], 30.0)
-    assert await takeovers() == 4
-    assert await store.renew_leases("w5", [Renewal(run.run_id, version, 1.0, True)], -1.0)
-    assert await takeovers() == 0
 
-    [(_, version)] = await store.claim_runs("w6", 1, 30.0)
-    assert await takeovers() == 1
-    # A drive that ends by itself, failing on the database included, gives the run back.
-    await store.release_lease(run.run_id, "w6", version, needs_drive=None, retry_in=0.0)
-    assert await takeovers() == 0
-    taken = await store.take_lease(run.run_id, "w7", 30.0)  # released: no takeover
-    assert taken is not None and await takeovers() == 0
-    await store.release_lease(run.run_id, "w7", taken, needs_drive=True)
-    [(_, version)] = await store.claim_runs("w8", 1, -1.0)
-    [(_, version)] = await store.claim_runs("w9", 1, 30.0)
-    assert await takeovers() == 1
-    await store.release_lease(run.run_id, "w9", version, needs_drive=True)
-    assert await takeovers() == 0
+async def test_a_suspect_is_claimed_only_as_one(backend: object, make_run: MakeRun) -> None:
+    """A run whose next grant would make ``max_takeovers`` in a row waits for a worker
+    with nothing else to drive: neither a claim of several nor a cancel's take has it."""
+    store = store_of(backend)
+    cleared, suspect = await make_run(store), await make_run(store)
+    await store.claim_runs("w1", 2, -1.0, max_takeovers=3)
+    await store.claim_runs("w2", 2, -1.0, max_takeovers=3)  # taken over: 1 in a row each
+    assert not await store.suspect_waiting(3, 0.0)
+    assert await store.claim_suspect("w3", 30.0, 3) is None
+    claimed = dict(await store.claim_runs("w3", 2, -1.0, max_takeovers=3))
+    assert len(claimed) == 2  # 2 in a row each, and their leases expired unreleased
+    assert await store.clear_takeovers(cleared.run_id, "w3", claimed[cleared.run_id])
+
+    assert await store.suspect_waiting(3, 0.0)
+    assert not await store.suspect_waiting(3, 60.0)  # not for a minute yet
+    assert await store.claim_runs("w4", 5, 30.0, max_takeovers=3) == [(cleared.run_id, 4)]
+    assert await store.take_lease(suspect.run_id, "w4", 30.0, max_takeovers=3) is None
+    assert await store.claim_suspect("w4", 30.0, 3) == (suspect.run_id, 4)
+    found = await store.get_run_to_drive(suspect.run_id)
+    assert found is not None and (found.takeovers, found.taken_from) == (3, "w3")
+    assert await store.claim_suspect("w5", 30.0, 3) is None  # held
+    assert not await store.suspect_waiting(3, 0.0)
 
 
 async def test_a_run_parked_with_a_cancel_asked_for_is_left_to_be_driven(
