@@ -25,3 +25,18 @@ async def to_the_end(step: Awaitable[T]) -> T:
         if not task.cancelled():
             task.exception()  # retrieved: the cancellation is what the caller sees
         raise
+
+
+async def within(timeout_s: float, step: Awaitable[object]) -> bool:
+    """Await ``step`` for at most ``timeout_s`` seconds; whether it finished.
+
+    In the awaiting task, under ``asyncio.timeout``: Python 3.11's ``asyncio.wait_for``
+    runs the step in a task of its own and loses a cancel of the caller that lands as
+    the step finishes (a waiter woken by the very shutdown that cancels it), and the
+    caller goes on as if nobody had asked."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await step
+    except TimeoutError:
+        return False
+    return True

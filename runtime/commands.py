@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.aio import within
 from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.lifecycle import TERMINAL, State
@@ -83,8 +84,7 @@ class RunCommands:
                     parked = run.state is State.WAITING_HUMAN and not needs_drive
                     if (run.state in TERMINAL or parked) and run_id not in self.drives:
                         return run
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(waiter.wait(), 0.5)
+                    await within(0.5, waiter.wait())
 
     # -- approvals ------------------------------------------------------------
 
@@ -207,8 +207,7 @@ class RunCommands:
                     run = await self.store.get_run(run_id)
                     if run is not None and run.state in TERMINAL and run_id not in self.drives:
                         return run
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(waiter.wait(), 0.5)
+                    await within(0.5, waiter.wait())
 
     # -- reading --------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 
+from runtime.aio import within
 from runtime.engine import TRANSIENT_DB_ERRORS, Engine
 
 log = logging.getLogger(__name__)
@@ -83,11 +84,7 @@ class Worker:
                 continue  # there may be more waiting
             # Full, isolating or draining: a drive that ends (or moves on) wakes us.
             engine.full = len(engine.drives) >= self.concurrency or engine.isolating() or draining
-            swept = False
-            try:
-                await asyncio.wait_for(engine.work.wait(), backoff)
-            except TimeoutError:
-                swept = True
+            swept = not await within(backoff, engine.work.wait())
 
     async def _heartbeat_loop(self) -> None:
         engine = self.engine

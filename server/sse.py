@@ -8,6 +8,7 @@ import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
+from runtime.aio import within
 from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.events import is_terminal_event
@@ -69,9 +70,7 @@ async def event_stream(
             # second read to find out there is nothing more (one read per new commit).
             woken = False
             while True:
-                try:
-                    await asyncio.wait_for(waiter.wait(), keepalive_s)
-                except TimeoutError:
+                if not await within(keepalive_s, waiter.wait()):
                     yield b": keepalive\n\n"
                     break
                 if stopping is not None and stopping.is_set():

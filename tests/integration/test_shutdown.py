@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TypedDict
 
 import httpx
+import pytest
 
 from tests.agents import counter_lines
 from tests.integration.conftest import Processes, state_is
@@ -81,8 +82,15 @@ def test_cancel_on_a_server_stops_the_run_in_the_worker_that_holds_it(
     assert counter_lines(data_dir) == [f"{counter_id} once", f"{counter_id} undo"]
 
 
-def test_sigterm_answers_a_waiting_request_with_the_run_as_it_is(server: ServerProcess) -> None:
+@pytest.mark.parametrize("driven", [True, False], ids=["driven_here", "driven_by_nobody"])
+def test_sigterm_answers_a_waiting_request_with_the_run_as_it_is(
+    server: ServerProcess, driven: bool
+) -> None:
+    """Driven here, the wait follows the drive; driven by nobody (an HTTP-only server,
+    no worker anywhere), it wakes at each event, the shutdown's included: a cancel that
+    came as the event did was lost (Python 3.11's wait_for), and the request hung."""
     server.env["AGENT_RUNTIME_SHUTDOWN_GRACE_S"] = "5"
+    server.no_worker = not driven
     server.start()
     with server.client() as http:
         run_id = create_run(http, agent_id="slow_worker", input="sleep 30")

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from runtime.aio import to_the_end
+from runtime.aio import to_the_end, within
 
 
 async def test_the_step_ends_before_the_cancellation_goes_on() -> None:
@@ -55,3 +55,27 @@ async def test_without_a_cancel_it_is_the_step() -> None:
         return 7
 
     assert await to_the_end(step()) == 7
+
+
+async def test_a_cancel_landing_as_the_wait_ends_is_not_lost() -> None:
+    """Python 3.11's wait_for returns the step's result when the caller's cancel and
+    the step's end meet; ``within`` delivers the cancel."""
+    event = asyncio.Event()
+
+    async def waiter() -> str:
+        await within(10.0, event.wait())
+        return "went on"
+
+    task = asyncio.ensure_future(waiter())
+    await asyncio.sleep(0)  # waiting on the event
+    event.set()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_within_says_whether_the_step_finished() -> None:
+    event = asyncio.Event()
+    assert not await within(0.01, event.wait())
+    event.set()
+    assert await within(0.01, event.wait())
