@@ -31,13 +31,17 @@ class Strict(BaseModel):
         return reject_unstorable(data)
 
 
+MAX_SCOPES = 200
+"""Scopes a run's context carries at most."""
+
+
 class RunContext(BaseModel):
     """Who the run is for; passed unchanged into policy and tools."""
 
     model_config = ConfigDict(extra="allow")
     user_id: str = Field(default="anonymous", min_length=1, max_length=200)
     tenant_id: str = Field(default="default", min_length=1, max_length=200)
-    scope: list[str] = Field(default_factory=list, max_length=200)
+    scope: list[str] = Field(default_factory=list, max_length=MAX_SCOPES)
 
 
 class BudgetLimits(Strict):

@@ -88,15 +88,24 @@ class JwtVerifier:
         scopes = claims.get("scopes") or str(claims.get("scope") or "").split()
         if not isinstance(roles, list) or not isinstance(scopes, list):
             raise JwtError("roles and scopes must be lists")
+        if not all(_name(name) for name in (*roles, *scopes)):
+            raise JwtError("roles and scopes must be lists of names (1-200 characters each)")
         return Principal(
             user_id=str(claims["sub"]),
             tenant_id=tenant,
-            roles=frozenset(map(str, roles)),
-            scopes=frozenset(map(str, scopes)),
+            roles=frozenset(roles),
+            scopes=frozenset(scopes),
             via=f"jwt:{claims.get('iss') or alg}",
         )
 
 
 def _name(value: object) -> bool:
-    """A user or tenant id as a run's context may hold it."""
-    return isinstance(value, str) and 0 < len(value) <= 200 and "\x00" not in value
+    """A user or tenant id, a role or a scope, as a run's context may hold it (JSON
+    text may carry a NUL or half a surrogate pair, which no store keeps)."""
+    if not (isinstance(value, str) and 0 < len(value) <= 200 and "\x00" not in value):
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -95,6 +95,12 @@ async def test_api_key_lifecycle(api: Api) -> None:
         # PyJWT's annotation of ``key`` leaves out None, the only key alg "none" accepts.
         (lambda: jwt.encode(claims(), None, algorithm="none"), "algorithm"),  # type: ignore[arg-type]
         (lambda: jwt.encode(claims(roles="approver"), TEST_JWT_SECRET), "lists"),
+        # Half a surrogate pair: JSON text carries it, no store keeps it (was a 500).
+        (lambda: jwt.encode(claims(sub="sur\udc80"), TEST_JWT_SECRET), "sub"),
+        (lambda: jwt.encode(claims(scope="east \udc80"), TEST_JWT_SECRET), "names"),
+        (lambda: jwt.encode(claims(scope="east\x00west"), TEST_JWT_SECRET), "names"),
+        (lambda: jwt.encode(claims(scopes=["east", 1]), TEST_JWT_SECRET), "names"),
+        (lambda: jwt.encode(claims(roles=[{"a": 1}]), TEST_JWT_SECRET), "names"),
     ],
 )
 async def test_bad_jwts_are_401(api: Api, make: Any, why: str) -> None:
@@ -204,3 +210,20 @@ def test_risky_jwt_settings_refuse_to_start(tmp_path: Path) -> None:
     pem.write_text("unused")
     with pytest.raises(ValueError, match="AUDIENCE"):
         JwtVerifier(Settings(jwt_public_key_file=pem, jwt_issuer="https://idp"))
+
+
+async def test_a_caller_holding_more_scopes_than_a_run_carries_names_the_runs(api: Api) -> None:
+    """Taking every scope held, such a run could be written and never read back: the
+    tenant's run list failed with it, and workers retried it for ever."""
+    many = " ".join(f"s{i}" for i in range(201))
+    bearer = {"Authorization": f"Bearer {jwt.encode(claims(scope=many), TEST_JWT_SECRET)}"}
+    resp = await api.client.post("/runs", json={"input": "q"}, headers=bearer)
+    problem(resp, 422, "VALIDATION_ERROR")
+    assert "context.scope" in resp.json()["detail"]
+    listed = await api.client.get("/runs", headers=bearer)
+    assert listed.status_code == 200 and listed.json()["items"] == []
+
+    named = {"input": "q", "context": {"scope": ["s7", "s9"]}}
+    resp = await api.client.post("/runs", json=named, headers=bearer)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["context"]["scope"] == ["s7", "s9"]

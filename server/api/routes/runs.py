@@ -14,6 +14,7 @@ from nodes.handoff import scoped, top
 from runtime.errors import Code, RuntimeProblem
 from runtime.lifecycle import TERMINAL, State
 from runtime.model import (
+    MAX_SCOPES,
     Approval,
     Event,
     Page,
@@ -132,6 +133,12 @@ def context_for(body: RunCreate, principal: Principal) -> RunContext:
         scope = body.context.scope
     else:
         scope = principal.default_scope
+        if len(scope) > MAX_SCOPES:
+            raise RuntimeProblem(
+                Code.VALIDATION_ERROR,
+                f"the caller holds {len(scope)} scopes, more than a run carries "
+                f"({MAX_SCOPES}): name the run's own in context.scope",
+            )
     return body.context.model_copy(
         update={"tenant_id": principal.tenant_id, "user_id": principal.user_id, "scope": scope}
     )
