@@ -21,9 +21,12 @@ def load_agents(settings: Settings) -> dict[str, AgentSpec]:
     agents[writer.agent_id] = writer
     for path in settings.extra_agents:
         module_name, _, attr = path.partition(":")
-        factory: Callable[[Settings], Iterable[AgentSpec]] = getattr(
-            importlib.import_module(module_name), attr or "build_agents"
-        )
+        try:
+            factory: Callable[[Settings], Iterable[AgentSpec]] = getattr(
+                importlib.import_module(module_name), attr or "build_agents"
+            )
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"AGENT_RUNTIME_EXTRA_AGENTS: cannot load {path!r}: {exc}") from exc
         for spec in factory(settings):
             agents[spec.agent_id] = spec
     return agents

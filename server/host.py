@@ -44,27 +44,32 @@ async def open_host(
 ) -> AsyncIterator[Host]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     url = settings.resolved_database_url
-    backend = await open_backend(url, pool_size=settings.db_pool_size)
-    if backend.store.dialect == "sqlite":
-        await backend.store.expire_all_leases()
-    bus = EventBus()
-    backend.store.add_listener(bus.publish)
     hosted = dict(agents) if agents is not None else load_agents(settings)
-    engine = Engine(
-        backend.store,
-        backend.checkpointer,
-        hosted,
-        default_agent=settings.default_agent,
-        maxima=settings.maxima(),
-        bus=bus,
-        lease_s=settings.lease_seconds,
-        retry=DriveRetry(
-            settings.max_drive_failures,
-            settings.drive_retry_seconds,
-            max_takeovers=settings.max_takeovers,
-        ),
-        memory=backend.memory,
-    )
+    backend = await open_backend(url, pool_size=settings.db_pool_size)
+    try:
+        if backend.store.dialect == "sqlite":
+            await backend.store.expire_all_leases()
+        bus = EventBus()
+        backend.store.add_listener(bus.publish)
+        engine = Engine(
+            backend.store,
+            backend.checkpointer,
+            hosted,
+            default_agent=settings.default_agent,
+            maxima=settings.maxima(),
+            bus=bus,
+            lease_s=settings.lease_seconds,
+            retry=DriveRetry(
+                settings.max_drive_failures,
+                settings.drive_retry_seconds,
+                max_takeovers=settings.max_takeovers,
+            ),
+            memory=backend.memory,
+        )
+    except BaseException:
+        # Its threads (aiosqlite's) would keep a process that failed to start alive.
+        await backend.close()
+        raise
     listener = None
     if url.startswith(("postgresql://", "postgres://")):
 

@@ -26,14 +26,14 @@ class Settings(BaseSettings):
     ``openai:gpt-4o-mini``; needs the ``llm`` extra); unset: the deterministic planner."""
     extra_agents: list[str] = Field(default_factory=list)
     """Import paths ``module:function`` returning more AgentSpecs, e.g. from a plugin."""
-    max_body_bytes: int = 256 * 1024
+    max_body_bytes: int = Field(default=256 * 1024, ge=1)
     """Request bodies past this get 413, whether sent with Content-Length or chunked."""
-    max_json_depth: int = 32
+    max_json_depth: int = Field(default=32, ge=1)
     """Request JSON nested deeper than this gets 422 before anything parses it."""
-    max_active_runs_per_tenant: int = 100
+    max_active_runs_per_tenant: int = Field(default=100, ge=1)
     """Runs pending, planning or executing at once per tenant; past it POST /runs is 429.
     Runs parked waiting for a human do not count: they hold no worker."""
-    max_streams_per_principal: int = 10
+    max_streams_per_principal: int = Field(default=10, ge=1)
     """Open SSE streams (and `Prefer: wait` requests) per caller and server process;
     past it 429."""
     max_wait_s: int = Field(default=60, ge=0, le=3600)
@@ -51,14 +51,16 @@ class Settings(BaseSettings):
     """If set, a JWT's ``iss`` must equal it."""
     jwt_audience: str | None = None
     """If set, a JWT's ``aud`` must contain it."""
-    max_steps: int = 50
-    max_llm_calls: int = 100
-    max_tool_calls: int = 200
-    max_tokens: int = 2_000_000
-    max_cost_usd: float = 50.0
-    max_timeout_s: float = 3600.0
-    sse_keepalive_s: float = 15.0
-    lease_seconds: float = 30.0
+    # A run's budget ceilings (a request may ask for less): none can be zero, or no run
+    # would get anywhere.
+    max_steps: int = Field(default=50, ge=1)
+    max_llm_calls: int = Field(default=100, ge=1)
+    max_tool_calls: int = Field(default=200, ge=1)
+    max_tokens: int = Field(default=2_000_000, ge=1)
+    max_cost_usd: float = Field(default=50.0, gt=0)
+    max_timeout_s: float = Field(default=3600.0, gt=0)
+    sse_keepalive_s: float = Field(default=15.0, gt=0)
+    lease_seconds: float = Field(default=30.0, ge=1.0)
     """How long a worker's claim on a run lasts without a heartbeat (renewed every third)."""
     max_drive_failures: int = Field(default=5, ge=1)
     """Drives of a run in a row that may end on a database error (a checkpoint that
@@ -70,14 +72,14 @@ class Settings(BaseSettings):
     drive_retry_seconds: float = Field(default=1.0, gt=0)
     """The wait before driving such a run again; doubled after each further failure, up
     to a minute."""
-    worker_concurrency: int = 8
+    worker_concurrency: int = Field(default=8, ge=1)
     """Runs one process drives at once."""
     db_pool_size: int = Field(default=10, ge=2, le=1000)
     """PostgreSQL connections one process keeps at most (run store, checkpointer and
     memory share them; each statement holds one only while it runs). At least 2: schema
     set-up holds an advisory lock on one while it migrates on another. The LISTEN
     connection for cross-process events comes on top."""
-    shutdown_grace_s: float = 10.0
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
     """On SIGTERM: how long current drives may finish before they are handed back."""
     retention_days: float | None = Field(default=None, gt=0, le=365_000)
     """Keep runs that ended (succeeded or failed) this many days, then delete them with

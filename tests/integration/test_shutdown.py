@@ -159,3 +159,23 @@ def test_ctrl_c_stops_the_server_cleanly(server: ServerProcess) -> None:
     # the end it is, not as an error with a traceback.
     assert server.proc.wait(30) == 0
     assert "Traceback" not in server.log_text()
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ("AGENT_RUNTIME_DEFAULT_AGENT", "nobody"),  # fails once the database is open
+        ("AGENT_RUNTIME_EXTRA_AGENTS", '["no_such_module:agents"]'),
+        ("AGENT_RUNTIME_LEASE_SECONDS", "0"),
+    ],
+    ids=["default_agent", "extra_agents", "lease_seconds"],
+)
+def test_a_server_that_cannot_start_exits(server: ServerProcess, setting: tuple[str, str]) -> None:
+    """Rather than stay alive serving nothing (the embedded store's threads kept it
+    up), which a supervisor takes for a server that is fine."""
+    name, value = setting
+    server.env[name] = value
+    server.start(wait=False)
+    assert server.proc is not None
+    assert server.proc.wait(30) != 0
+    assert name.removeprefix("AGENT_RUNTIME_").lower() in server.log_text().lower()
