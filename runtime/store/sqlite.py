@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -80,6 +82,15 @@ class _ThreadTx:
         return [dict(r) for r in rows]
 
 
+def _private_file(path: Path) -> None:
+    """Create the database file readable by its owner alone: it holds tool arguments
+    marked secret, and SQLite gives its -wal and -shm files the same mode. A file that
+    exists keeps the mode its operator gave it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 class SqliteRunStore(RunStore):
     dialect = "sqlite"
     blob_type = "BLOB"
@@ -99,7 +110,7 @@ class SqliteRunStore(RunStore):
         """``direct``: run statements on the loop's thread (:class:`_DirectTx`); False
         where the loop must never block."""
         # In a thread: a LangGraph server refuses blocking calls inside a run.
-        await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(_private_file, path)
         # Not bound to aiosqlite's thread: _DirectTx runs statements on the loop's.
         conn = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
         conn.row_factory = aiosqlite.Row

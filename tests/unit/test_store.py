@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import stat
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -594,3 +595,18 @@ async def test_a_run_parked_with_a_cancel_asked_for_is_left_to_be_driven(
         found = await store.get_run_drive(run.run_id)
         assert found is not None and found[0].state is State.WAITING_HUMAN
         assert found[1] is driven
+
+
+async def test_an_embedded_database_is_readable_by_its_owner_alone(tmp_path: Path) -> None:
+    """It keeps tool arguments marked secret (README: the trust boundary)."""
+    from runtime.backend import open_backend
+
+    path = tmp_path / "data" / "runtime.db"
+    backend = await open_backend(f"sqlite:///{path}")
+    try:
+        async with backend.store.tx() as tx:  # a write: the -wal file is there too
+            await tx.execute("UPDATE runs SET needs_drive = 0 WHERE run_id = ?", ("none",))
+        files = [path, path.with_name("runtime.db-wal")]
+        assert [stat.S_IMODE(f.stat().st_mode) for f in files] == [0o600, 0o600]
+    finally:
+        await backend.close()
