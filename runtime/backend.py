@@ -21,7 +21,7 @@ from runtime.store.postgres import (
     advisory_lock,
     open_pool,
 )
-from runtime.store.sqlite import SqliteRunStore
+from runtime.store.sqlite import SqliteRunStore, close_quietly
 
 
 @dataclass
@@ -45,15 +45,24 @@ async def open_backend(url: str, pool_size: int = 10) -> Backend:
     if url.startswith("sqlite:///"):
         path = sqlite_path(url)
         store = await SqliteRunStore.open(path)
-        conn = await aiosqlite.connect(path)
-        await conn.execute("PRAGMA busy_timeout=10000")
-        saver = AsyncSqliteSaver(conn)
-        await saver.setup()
-        # Its own connection: it commits under its own lock, like the saver.
-        memory_conn = await aiosqlite.connect(path, isolation_level=None)
-        await memory_conn.execute("PRAGMA busy_timeout=10000")
-        memory = AsyncSqliteStore(memory_conn)
-        await memory.setup()
+        conns: list[aiosqlite.Connection] = []
+        try:
+            conn = await aiosqlite.connect(path)
+            conns.append(conn)
+            await conn.execute("PRAGMA busy_timeout=10000")
+            saver = AsyncSqliteSaver(conn)
+            await saver.setup()
+            # Its own connection: it commits under its own lock, like the saver.
+            memory_conn = await aiosqlite.connect(path, isolation_level=None)
+            conns.append(memory_conn)
+            await memory_conn.execute("PRAGMA busy_timeout=10000")
+            memory = AsyncSqliteStore(memory_conn)
+            await memory.setup()
+        except BaseException:  # their threads would keep a process that failed alive
+            for opened in conns:
+                await close_quietly(opened)
+            await store.close()
+            raise
 
         async def close_sqlite() -> None:
             await memory_conn.close()

@@ -52,6 +52,8 @@ class RunCommands:
     lease_s: float
     owner: str
     retry: DriveRetry
+    taking_cancels: int
+    """Cancels this process is taking a lease for, to stop the run at once."""
     renews_leases: bool
     """Whether a worker of this process keeps the leases of its drives alive."""
     _cancelling: set[str]
@@ -63,6 +65,11 @@ class RunCommands:
 
     def start_drive(self, run_id: str, version: int) -> None:
         """Drive a run this process has just leased (the engine's)."""
+        raise NotImplementedError
+
+    def isolating(self) -> bool:
+        """Whether a suspect has this process to itself (the engine's): a cancel's drive
+        beside it could be what kills the worker, and the suspect would be blamed."""
         raise NotImplementedError
 
     async def wait_settled(self, run_id: str, within_s: float = 60.0) -> Run:
@@ -149,14 +156,19 @@ class RunCommands:
             assert ended is not None
             return await self._cancelled(ended, compensate)
         self.on_cancel_notice(run_id)
-        if run_id not in self.drives and self.renews_leases:
+        if run_id not in self.drives and self.renews_leases and not self.isolating():
             # Nobody drives it (queued behind full workers, parked, or its worker died):
             # stop it here and now rather than wait for a free slot somewhere. The
             # lease keeps any worker's claim off it; the drive only finishes the cancel.
-            # Not a suspect: only a worker with nothing else to drive takes that.
-            version = await self.store.take_lease(
-                run_id, self.owner, self.lease_s, self.retry.max_takeovers
-            )
+            # Not a suspect: only a worker with nothing else to drive takes that; and
+            # no suspect is claimed here meanwhile (the worker waits for this).
+            self.taking_cancels += 1
+            try:
+                version = await self.store.take_lease(
+                    run_id, self.owner, self.lease_s, self.retry.max_takeovers
+                )
+            finally:
+                self.taking_cancels -= 1
             if version is not None:
                 self.start_drive(run_id, version)
         self.wake()

@@ -152,6 +152,9 @@ class Engine(RunCommands):
         """Set when there may be a run to claim; the worker waits on it."""
         self.full = False
         """Set by the worker while every slot is taken: a drive that ends frees one."""
+        self.claiming_suspect = False
+        """Set by the worker while it claims a suspect, which must find nothing beside it."""
+        self.taking_cancels = 0
         self._noticed: set[str] = set()
         """Runs another process asked a worker for while we drove them."""
 
@@ -213,9 +216,9 @@ class Engine(RunCommands):
         task.add_done_callback(lambda t: self._forget(run_id, t))
 
     def isolating(self) -> bool:
-        """Whether a suspect's drive has the process to itself: the worker claims nothing
-        until it moves its run on or ends."""
-        return any(drive.isolated for drive in self.drives.values())
+        """Whether a suspect's drive has the process to itself (or is being claimed):
+        nothing else starts here until it moves its run on or ends."""
+        return self.claiming_suspect or any(d.isolated for d in self.drives.values())
 
     def _forget(self, run_id: str, task: asyncio.Task[None]) -> None:
         drive = self.drives.get(run_id)

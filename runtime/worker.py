@@ -48,22 +48,29 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         engine = self.engine
+        loop = asyncio.get_running_loop()
         backoff = self.sweep_s
-        swept = False  # woken by the sweep's timer, not by a notice
+        next_check = 0.0  # when to look for suspects again (a sweep's pace, not a wake's)
         draining = False  # a suspect waits for a worker with nothing else to drive
         while not self._stopping.is_set():
             engine.work.clear()
             free = self.concurrency - len(engine.drives)
             claimed: list[tuple[str, int]] = []
+            due = loop.time() >= next_check
             try:
-                if not engine.drives:
-                    draining = False
-                    suspect = await engine.store.claim_suspect(
-                        engine.owner, engine.lease_s, engine.retry.max_takeovers
-                    )
+                if not (engine.drives or engine.taking_cancels) and (due or draining):
+                    next_check, draining = loop.time() + self.sweep_s, False
+                    engine.claiming_suspect = True
+                    try:
+                        suspect = await engine.store.claim_suspect(
+                            engine.owner, engine.lease_s, engine.retry.max_takeovers
+                        )
+                    finally:
+                        engine.claiming_suspect = False
                     if suspect is not None:
                         engine.start_drive(*suspect, isolated=True)
-                elif swept and not engine.isolating():
+                elif due and engine.drives and not engine.isolating():
+                    next_check = loop.time() + self.sweep_s
                     # Busy workers would keep a suspect waiting for ever: after a lease
                     # of waiting, they take no more runs until one of them is idle.
                     draining = await engine.store.suspect_waiting(
@@ -84,7 +91,7 @@ class Worker:
                 continue  # there may be more waiting
             # Full, isolating or draining: a drive that ends (or moves on) wakes us.
             engine.full = len(engine.drives) >= self.concurrency or engine.isolating() or draining
-            swept = not await within(backoff, engine.work.wait())
+            await within(backoff, engine.work.wait())
 
     async def _heartbeat_loop(self) -> None:
         engine = self.engine

@@ -82,6 +82,12 @@ class _ThreadTx:
         return [dict(r) for r in rows]
 
 
+async def close_quietly(conn: aiosqlite.Connection) -> None:
+    """Close a connection being given up on: its thread would keep the process alive."""
+    with contextlib.suppress(Exception):
+        await conn.close()
+
+
 def _private_file(path: Path) -> None:
     """Create the database file readable by its owner alone: it holds tool arguments
     marked secret, and SQLite gives its -wal and -shm files the same mode. A file that
@@ -113,16 +119,20 @@ class SqliteRunStore(RunStore):
         await asyncio.to_thread(_private_file, path)
         # Not bound to aiosqlite's thread: _DirectTx runs statements on the loop's.
         conn = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
-        conn.row_factory = aiosqlite.Row
-        await conn.execute("PRAGMA journal_mode=WAL")
-        await conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        # FULL, not NORMAL: in WAL mode NORMAL skips the fsync at commit, so a power
-        # loss can roll back commits that were already acted on (a ledger row claimed
-        # before its side effect ran would vanish, and the effect would run again).
-        # The cost is one fsync per transaction, which is why the store batches writes.
-        await conn.execute("PRAGMA synchronous=FULL")
-        store = cls(conn, direct=direct)
-        await store.migrate()
+        try:
+            conn.row_factory = aiosqlite.Row
+            await conn.execute("PRAGMA journal_mode=WAL")
+            await conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            # FULL, not NORMAL: in WAL mode NORMAL skips the fsync at commit, so a power
+            # loss can roll back commits that were already acted on (a ledger row claimed
+            # before its side effect ran would vanish, and the effect would run again).
+            # The cost is one fsync per transaction, which is why the store batches writes.
+            await conn.execute("PRAGMA synchronous=FULL")
+            store = cls(conn, direct=direct)
+            await store.migrate()
+        except BaseException:
+            await close_quietly(conn)
+            raise
         return store
 
     @asynccontextmanager

@@ -179,3 +179,17 @@ def test_a_server_that_cannot_start_exits(server: ServerProcess, setting: tuple[
     assert server.proc is not None
     assert server.proc.wait(30) != 0
     assert name.removeprefix("AGENT_RUNTIME_").lower() in server.log_text().lower()
+
+
+def test_a_server_whose_embedded_database_is_corrupt_exits(tmp_path: Path, data_dir: Path) -> None:
+    """The store fails as it opens, before anything else would close it."""
+    db = tmp_path / "runtime.db"
+    db.write_bytes(bytes(range(256)) * 32)  # no SQLite file
+    server = ServerProcess(data_dir, f"sqlite:///{db}")
+    try:
+        server.start(wait=False)
+        assert server.proc is not None
+        assert server.proc.wait(30) != 0
+        assert "not a database" in server.log_text()
+    finally:
+        server.stop()

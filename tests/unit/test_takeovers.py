@@ -5,6 +5,7 @@ kills its workers."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -74,25 +75,32 @@ async def made_suspect(
 
 
 async def suspect_steps_as_others_start(
-    settings: Settings, ids: list[str], later: tuple[float, RunCreate] | None = None
+    settings: Settings, ids: list[str], later: Sequence[tuple[float, RunCreate]] = ()
 ) -> list[int]:
-    """Drive the runs ``ids`` (the first a suspect), and ``later``'s run created that
-    many seconds in, to their end; for each of the others, the steps the suspect had
+    """Drive the runs ``ids`` (the first a suspect), and ``later``'s created at those
+    offsets in seconds, to their end; for each of the others, the steps the suspect had
     recorded when it was first seen started."""
     seen: dict[str, int] = {}
     async with open_host(settings) as host:
-        if later is not None:
-            await asyncio.sleep(later[0])
-            ids = [*ids, (await host.engine.create_run(later[1]))[0].run_id]
+
+        async def create_later() -> None:
+            start = asyncio.get_running_loop().time()
+            for at, request in later:
+                await asyncio.sleep(max(0.0, start + at - asyncio.get_running_loop().time()))
+                ids.append((await host.engine.create_run(request))[0].run_id)
+
+        ids = list(ids)
+        creating = asyncio.create_task(create_later())
         while True:
             steps = await host.store.count_steps(ids[0])
-            runs = [await host.store.get_run(run_id) for run_id in ids]
+            runs = [await host.store.get_run(run_id) for run_id in list(ids)]
             for run in runs[1:]:
                 if run is not None and run.state is not State.PENDING:
                     seen.setdefault(run.run_id, steps)
-            if all(r is not None and r.state in TERMINAL for r in runs):
+            if creating.done() and all(r is not None and r.state in TERMINAL for r in runs):
                 break
             await asyncio.sleep(0.02)
+        await creating
         for run in runs:
             assert run is not None and run.state is State.SUCCEEDED, run
     return [seen[run_id] for run_id in ids[1:]]
@@ -121,25 +129,27 @@ async def test_busy_workers_stop_taking_runs_for_a_suspect_kept_waiting(
     pg_schema_url: str, data_dir: Path
 ) -> None:
     """A suspect needs a worker with nothing to drive; one that keeps taking runs as
-    slots free may never be. After a lease of waiting, it takes no more until it is.
-    (PostgreSQL: an embedded server expires every lease as it starts, so a suspect
-    there is never held back behind a dead worker's live lease, as this one is.)"""
+    slots free may never be. After a lease of waiting, it takes no more until it is,
+    however often new runs wake it. (PostgreSQL: an embedded server expires every lease
+    as it starts, so no suspect there is held back behind a dead worker's live lease.)"""
     settings = Settings(
         data_dir=data_dir,
         database_url=pg_schema_url,
         extra_agents=["tests.agents:build_agents"],
-        lease_seconds=1.0,
+        lease_seconds=2.0,  # a sweep every 0.5 s
         worker_concurrency=2,
     )
     ids = await made_suspect(
         settings,
         RunCreate(agent_id="swallower", input="think 0.5"),
-        RunCreate(agent_id="swallower", input="think 4"),  # keeps the worker busy
-        expires_in=0.5,  # the dead worker's lease: the busy run is claimed first
+        RunCreate(agent_id="swallower", input="think 9"),  # keeps the worker busy
+        expires_in=2.0,  # the dead worker's lease: the busy run is claimed first
     )
-    # Created when the suspect has waited a lease (and a sweep has seen it), with a
-    # slot free: it waits for the suspect all the same.
-    later = (2.5, RunCreate(agent_id="slow_worker", input="sleep 0.01"))
-    busy, new = await suspect_steps_as_others_start(settings, ids, later)
+    # A run every 0.2 s, each waking the worker before its sweep would come; the
+    # suspect has waited a lease (and been seen to) well before the last ones.
+    stream = [(0.2 * i, RunCreate(agent_id="slow_worker", input="sleep 0.01")) for i in range(33)]
+    busy, *streamed = await suspect_steps_as_others_start(settings, ids, stream)
     assert busy == 0  # the suspect could not be claimed yet when it started
-    assert new >= 1
+    assert streamed[0] == 0  # nor when the first of the stream did
+    late = [steps for (at, _), steps in zip(stream, streamed, strict=True) if at >= 5.5]
+    assert late and all(steps >= 1 for steps in late), streamed
