@@ -72,9 +72,9 @@ class Worker:
                 elif due and engine.drives and not engine.isolating():
                     next_check = loop.time() + self.sweep_s
                     # Busy workers would keep a suspect waiting for ever: after a lease
-                    # of waiting, they take no more runs until one of them is idle.
-                    draining = await engine.store.suspect_waiting(
-                        engine.retry.max_takeovers, engine.lease_s
+                    # of waiting, one of them takes no more runs until it is idle.
+                    draining = await engine.store.drain_for_suspect(
+                        engine.owner, engine.retry.max_takeovers, engine.lease_s, engine.lease_s
                     )
                 if not (engine.isolating() or draining):
                     claimed = await engine.store.claim_runs(

@@ -113,17 +113,26 @@ class LeaseQueries(StoreCore):
         )
         return (rows[0]["run_id"], int(rows[0]["lease_version"])) if rows else None
 
-    async def suspect_waiting(self, max_takeovers: int, for_s: float) -> bool:
-        """Whether a suspect has waited ``for_s`` seconds or more for a worker to take
-        it alone (see :meth:`claim_suspect`)."""
-        async with self.read() as tx:
-            row = await tx.fetchone(
-                f"SELECT 1 AS found FROM runs WHERE {SUSPECT_ROWS} "
-                f"AND COALESCE(lease_expires_at, 0) < {self.now_sql} - ? "
-                f"AND {blame('runs')} >= {int(max_takeovers)} LIMIT 1",
-                (for_s,),
-            )
-        return row is not None
+    async def drain_for_suspect(
+        self, owner: str, max_takeovers: int, waited_s: float, lease_s: float
+    ) -> bool:
+        """Whether this busy worker is to stop taking runs until it is idle, to make room
+        for a suspect that has waited ``waited_s`` seconds or more for an idle worker
+        (see :meth:`claim_suspect`). One worker a suspect, the first to ask: its turn
+        lasts ``lease_s`` and is renewed each time it asks again; the others go on."""
+        now = self.now_sql
+        rows = await self.write_once(
+            "WITH target AS (SELECT run_id FROM runs "
+            f"WHERE {SUSPECT_ROWS} AND COALESCE(lease_expires_at, 0) < {now} - ? "
+            f"AND {blame('runs')} >= {int(max_takeovers)} "
+            f"AND (drainer IS NULL OR drainer = ? OR drainer_until < {now}) "
+            "ORDER BY CASE WHEN drainer = ? THEN 0 ELSE 1 END, updated_at, run_id "
+            f"LIMIT 1{self.skip_locked}) "
+            f"UPDATE runs SET drainer = ?, drainer_until = {now} + ? "
+            "WHERE run_id IN (SELECT run_id FROM target) RETURNING run_id",
+            (waited_s, owner, owner, owner, lease_s),
+        )
+        return bool(rows)
 
     async def clear_takeovers(self, run_id: str, owner: str, version: int) -> bool:
         """The drive holding the run checkpointed a step: it is not one that kills its

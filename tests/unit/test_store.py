@@ -555,21 +555,26 @@ async def test_a_suspect_is_claimed_only_as_one(backend: object, make_run: MakeR
     cleared, suspect = await make_run(store), await make_run(store)
     await store.claim_runs("w1", 2, -1.0, max_takeovers=3)
     await store.claim_runs("w2", 2, -1.0, max_takeovers=3)  # taken over: 1 in a row each
-    assert not await store.suspect_waiting(3, 0.0)
+    assert not await store.drain_for_suspect("w8", 3, 0.0, 30.0)
     assert await store.claim_suspect("w3", 30.0, 3) is None
     claimed = dict(await store.claim_runs("w3", 2, -1.0, max_takeovers=3))
     assert len(claimed) == 2  # 2 in a row each, and their leases expired unreleased
     assert await store.clear_takeovers(cleared.run_id, "w3", claimed[cleared.run_id])
 
-    assert await store.suspect_waiting(3, 0.0)
-    assert not await store.suspect_waiting(3, 60.0)  # not for a minute yet
+    assert not await store.drain_for_suspect("w8", 3, 60.0, 30.0)  # not for a minute yet
+    # One busy worker makes room for it, the first to ask, as long as it keeps asking.
+    assert await store.drain_for_suspect("w8", 3, 0.0, 30.0)
+    assert not await store.drain_for_suspect("w9", 3, 0.0, 30.0)
+    assert await store.drain_for_suspect("w8", 3, 0.0, -1.0)  # renewed, to have lapsed
+    assert await store.drain_for_suspect("w9", 3, 0.0, 30.0)
+    assert not await store.drain_for_suspect("w8", 3, 0.0, 30.0)
     assert await store.claim_runs("w4", 5, 30.0, max_takeovers=3) == [(cleared.run_id, 4)]
     assert await store.take_lease(suspect.run_id, "w4", 30.0, max_takeovers=3) is None
     assert await store.claim_suspect("w4", 30.0, 3) == (suspect.run_id, 4)
     found = await store.get_run_to_drive(suspect.run_id)
     assert found is not None and (found.takeovers, found.taken_from) == (3, "w3")
     assert await store.claim_suspect("w5", 30.0, 3) is None  # held
-    assert not await store.suspect_waiting(3, 0.0)
+    assert not await store.drain_for_suspect("w9", 3, 0.0, 30.0)
 
 
 async def test_a_run_parked_with_a_cancel_asked_for_is_left_to_be_driven(
