@@ -72,12 +72,16 @@ async def open_backend(url: str, pool_size: int = 10) -> Backend:
         return Backend(store, saver, memory, close_sqlite)
     if url.startswith(("postgresql://", "postgres://")):
         pool = await open_pool(url, max_size=pool_size)
-        pg_store = await PostgresRunStore.open(pool)
-        pg_saver = PooledPostgresSaver(pool)  # type: ignore[arg-type]
-        pg_memory = AsyncPostgresStore(pool)  # type: ignore[arg-type]
-        async with advisory_lock(pool, CHECKPOINTER_SETUP_LOCK):
-            await pg_saver.setup()
-            await pg_memory.setup()
+        try:
+            pg_store = await PostgresRunStore.open(pool)
+            pg_saver = PooledPostgresSaver(pool)  # type: ignore[arg-type]
+            pg_memory = AsyncPostgresStore(pool)  # type: ignore[arg-type]
+            async with advisory_lock(pool, CHECKPOINTER_SETUP_LOCK):
+                await pg_saver.setup()
+                await pg_memory.setup()
+        except BaseException:  # a migration refused, say: the pool's connections too
+            await pool.close()
+            raise
         return Backend(pg_store, pg_saver, pg_memory, pg_store.close)
     raise ValueError(f"unsupported database URL {url!r}: use sqlite:///… or postgresql://…")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable
 
 from runtime.aio import within
 from runtime.engine import TRANSIENT_DB_ERRORS, Engine
@@ -62,12 +63,10 @@ class Worker:
                     next_check, draining = loop.time() + self.sweep_s, False
                     engine.claiming_suspect = True
                     try:
-                        suspect = await engine.store.claim_suspect(
-                            engine.owner, engine.lease_s, engine.retry.max_takeovers
-                        )
+                        suspects = await self._claim(self._suspect())
                     finally:
                         engine.claiming_suspect = False
-                    if suspect is not None:
+                    for suspect in suspects:
                         engine.start_drive(*suspect, isolated=True)
                 elif due and engine.drives and not engine.isolating():
                     next_check = loop.time() + self.sweep_s
@@ -77,12 +76,17 @@ class Worker:
                         engine.owner, engine.retry.max_takeovers, engine.lease_s, engine.lease_s
                     )
                 if not (engine.isolating() or draining):
-                    claimed = await engine.store.claim_runs(
-                        engine.owner, free, engine.lease_s, engine.retry.max_takeovers
+                    claimed = await self._claim(
+                        engine.store.claim_runs(
+                            engine.owner, free, engine.lease_s, engine.retry.max_takeovers
+                        )
                     )
                 backoff = self.sweep_s
             except TRANSIENT_DB_ERRORS:
                 log.warning("cannot claim runs: database unreachable; retrying in %.1fs", backoff)
+                backoff = min(backoff * 2, 10.0)
+            except Exception:  # a worker that stops claiming in silence serves nobody
+                log.exception("claiming runs failed; retrying in %.1fs", backoff)
                 backoff = min(backoff * 2, 10.0)
             for run_id, version in claimed:
                 if run_id not in engine.drives:
@@ -92,6 +96,28 @@ class Worker:
             # Full, isolating or draining: a drive that ends (or moves on) wakes us.
             engine.full = len(engine.drives) >= self.concurrency or engine.isolating() or draining
             await within(backoff, engine.work.wait())
+
+    async def _suspect(self) -> list[tuple[str, int]]:
+        engine = self.engine
+        got = await engine.store.claim_suspect(
+            engine.owner, engine.lease_s, engine.retry.max_takeovers
+        )
+        return [] if got is None else [got]
+
+    async def _claim(self, claiming: Awaitable[list[tuple[str, int]]]) -> list[tuple[str, int]]:
+        """A claim's leases, the claim run to its end: a worker stopping meanwhile gives
+        them back at once rather than let them lapse as if it had died (a takeover
+        counted against each run, and a suspect failed for it)."""
+        task = asyncio.ensure_future(claiming)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                for run_id, version in await task:
+                    await self.engine.store.release_lease(
+                        run_id, self.engine.owner, version, needs_drive=True
+                    )
+            raise
 
     async def _heartbeat_loop(self) -> None:
         engine = self.engine

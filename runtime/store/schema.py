@@ -193,11 +193,14 @@ MIGRATIONS: list[list[str]] = [
         # in between (runtime.store.leases): a run that keeps killing or stalling its
         # worker is failed instead of being handed from worker to worker for ever.
         "ALTER TABLE runs ADD COLUMN takeovers INTEGER NOT NULL DEFAULT 0",
-        # The busy worker that stops taking runs to make room for a suspect, until when.
-        "ALTER TABLE runs ADD COLUMN drainer TEXT",
-        "ALTER TABLE runs ADD COLUMN drainer_until DOUBLE PRECISION",
-        # The few waiting runs that may be suspects, for a worker with nothing to drive.
+    ],
+    [
+        # Suspects (runtime.store.leases.claim_suspect): the few waiting runs that may
+        # be one, for a worker with nothing to drive; the busy worker that stops taking
+        # runs to make room for one, and until when.
         "CREATE INDEX IF NOT EXISTS runs_suspect ON runs (updated_at, run_id) "
         "WHERE needs_drive = 1 AND (lease_owner IS NOT NULL OR takeovers > 0)",
+        "ALTER TABLE runs ADD COLUMN drainer TEXT",
+        "ALTER TABLE runs ADD COLUMN drainer_until DOUBLE PRECISION",
     ],
 ]

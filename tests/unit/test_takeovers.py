@@ -5,6 +5,7 @@ kills its workers."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from runtime.lifecycle import TERMINAL, State
 from runtime.model import RunCreate
+from runtime.worker import Worker
 from server.host import open_host
 from server.settings import Settings
 
@@ -153,3 +155,69 @@ async def test_busy_workers_stop_taking_runs_for_a_suspect_kept_waiting(
     assert streamed[0] == 0  # nor when the first of the stream did
     late = [steps for (at, _), steps in zip(stream, streamed, strict=True) if at >= 5.5]
     assert late and all(steps >= 1 for steps in late), streamed
+
+
+async def test_a_worker_stopping_mid_claim_gives_the_leases_back(
+    database_url: str, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Left to lapse, they would count a takeover against each run, as if the worker
+    had died: a suspect claimed at that moment would fail for it."""
+    settings = Settings(
+        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
+    )
+    [run_id] = await made_suspect(settings, RunCreate(agent_id="slow_worker", input="sleep 0"))
+    committed = asyncio.Event()
+    async with open_host(settings, run_worker=False) as host:
+        store = host.store
+        claim_suspect = store.claim_suspect
+
+        async def slow_answer(*args: object) -> tuple[str, int] | None:
+            got = await claim_suspect(*args)  # type: ignore[arg-type]
+            committed.set()
+            await asyncio.sleep(0.3)  # the answer on its way back
+            return got
+
+        monkeypatch.setattr(store, "claim_suspect", slow_answer)
+        worker = Worker(host.engine, concurrency=1)
+        worker.start()
+        await committed.wait()
+        await worker.stop(0.1)
+        found = await store.get_run_to_drive(run_id)
+        lease = await store.lease_of(run_id)
+    assert not host.engine.drives
+    assert lease is not None and lease["lease_owner"] is None and lease["needs_drive"] == 1
+    assert found is not None and found.run.state is State.PENDING
+
+
+async def test_a_claim_that_fails_unexpectedly_is_tried_again(
+    database_url: str,
+    data_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A claim loop that died on it left the worker alive and claiming nothing."""
+    settings = Settings(
+        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
+    )
+    async with open_host(settings, run_worker=False) as host:
+        claim_runs = host.store.claim_runs
+        failures = iter([RuntimeError("a bug of the day")])
+
+        async def flaky(*args: object) -> list[tuple[str, int]]:
+            for exc in failures:
+                raise exc
+            return await claim_runs(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(host.store, "claim_runs", flaky)
+        worker = Worker(host.engine, concurrency=1, sweep_s=0.05)
+        worker.start()
+        try:
+            with caplog.at_level(logging.ERROR, logger="runtime.worker"):
+                run, _ = await host.engine.create_run(
+                    RunCreate(agent_id="slow_worker", input="sleep 0")
+                )
+                final = await host.engine.wait_settled(run.run_id, within_s=30)
+        finally:
+            await worker.stop(0.1)
+    assert final.state is State.SUCCEEDED
+    assert any("claiming runs failed" in r.getMessage() for r in caplog.records)
