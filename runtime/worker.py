@@ -58,6 +58,7 @@ class Worker:
             free = self.concurrency - len(engine.drives)
             claimed: list[tuple[str, int]] = []
             due = loop.time() >= next_check
+            failed = False
             try:
                 if not (engine.drives or engine.taking_cancels) and (due or draining):
                     next_check, draining = loop.time() + self.sweep_s, False
@@ -87,7 +88,11 @@ class Worker:
                 backoff = min(backoff * 2, 10.0)
             except Exception:  # a worker that stops claiming in silence serves nobody
                 log.exception("claiming runs failed; retrying in %.1fs", backoff)
+                failed = True
+            if failed:  # a bug: at the backoff's pace, not at every wake's
+                await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
+                continue
             for run_id, version in claimed:
                 if run_id not in engine.drives:
                     engine.start_drive(run_id, version)
@@ -108,15 +113,18 @@ class Worker:
         """A claim's leases, the claim run to its end: a worker stopping meanwhile gives
         them back at once rather than let them lapse as if it had died (a takeover
         counted against each run, and a suspect failed for it)."""
+        engine = self.engine
         task = asyncio.ensure_future(claiming)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
+            # Bounded: a stop must not hang on a database that has gone away (the
+            # leases then lapse, as a dead worker's do).
             with contextlib.suppress(Exception):
-                for run_id, version in await task:
-                    await self.engine.store.release_lease(
-                        run_id, self.engine.owner, version, needs_drive=True
-                    )
+                async with asyncio.timeout(engine.lease_s):
+                    for run_id, version in await task:
+                        await engine.store.give_back_claim(run_id, engine.owner, version)
+            task.cancel()
             raise
 
     async def _heartbeat_loop(self) -> None:

@@ -134,6 +134,19 @@ class LeaseQueries(StoreCore):
         )
         return bool(rows)
 
+    async def give_back_claim(self, run_id: str, owner: str, version: int) -> bool:
+        """Undo a lease grant whose worker stopped before driving the run: the lease it
+        replaced is back as it was for the next claim to find (its owner, lapsed, and
+        the takeover it counted), so the run's record reads as if this claim had not
+        been (the fencing version stays past it)."""
+        got = await self.write_once(
+            "UPDATE runs SET lease_owner = taken_from, lease_expires_at = 0, "
+            "takeovers = takeovers - CASE WHEN taken_from IS NULL THEN 0 ELSE 1 END "
+            "WHERE run_id = ? AND lease_owner = ? AND lease_version = ? RETURNING run_id",
+            (run_id, owner, version),
+        )
+        return bool(got)
+
     async def clear_takeovers(self, run_id: str, owner: str, version: int) -> bool:
         """The drive holding the run checkpointed a step: it is not one that kills its
         workers, whatever those before it did."""

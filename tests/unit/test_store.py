@@ -547,6 +547,17 @@ async def test_takeovers_count_in_a_row_until_a_drive_moves_the_run_on(
     await store.release_lease(run.run_id, "w5", taken, needs_drive=True)
     assert (await takeovers())[0] == 0
 
+    # A grant given back undone (its worker stopped before driving the run): the next
+    # claim finds the lease it replaced, and counts the takeover it did.
+    [(_, version)] = await store.claim_runs("w6", 1, -1.0)
+    [(_, version)] = await store.claim_runs("w7", 1, 30.0)
+    assert await takeovers() == (1, "w6")
+    assert not await store.give_back_claim(run.run_id, "w6", version)
+    assert await store.give_back_claim(run.run_id, "w7", version)
+    assert (await takeovers())[0] == 0
+    [(_, again)] = await store.claim_runs("w8", 1, 30.0)
+    assert again == version + 1 and await takeovers() == (1, "w6")
+
 
 async def test_a_suspect_is_claimed_only_as_one(backend: object, make_run: MakeRun) -> None:
     """A run whose next grant would make ``max_takeovers`` in a row waits for a worker

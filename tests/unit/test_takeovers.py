@@ -180,13 +180,17 @@ async def test_a_worker_stopping_mid_claim_gives_the_leases_back(
         monkeypatch.setattr(store, "claim_suspect", slow_answer)
         worker = Worker(host.engine, concurrency=1)
         worker.start()
-        await committed.wait()
+        async with asyncio.timeout(30):
+            await committed.wait()
         await worker.stop(0.1)
         found = await store.get_run_to_drive(run_id)
         lease = await store.lease_of(run_id)
     assert not host.engine.drives
-    assert lease is not None and lease["lease_owner"] is None and lease["needs_drive"] == 1
+    # As the dead worker left it: its lease lapsed, two takeovers in a row counted.
+    assert lease is not None and lease["lease_owner"] == "w-dead" and lease["remaining_s"] < 0
+    assert lease["needs_drive"] == 1 and lease["lease_version"] == 4
     assert found is not None and found.run.state is State.PENDING
+    assert (found.takeovers, found.failures) == (2, 0)
 
 
 async def test_a_claim_that_fails_unexpectedly_is_tried_again(
