@@ -142,6 +142,37 @@ async def settle_running_calls(
     return running
 
 
+async def fail_cut_off(
+    store: RunStore,
+    setting: CallSetting,
+    run: Run,
+    cut: CutOff,
+    code: Code,
+    message: str,
+    *,
+    settling: str | None = None,
+    ask_tools: bool = True,
+) -> None:
+    """Fail a run whose graph was cut off (its time ran out, its workers kept dying):
+    its usage at the cut; the calls it left running settled (:func:`settle_running_calls`;
+    not asked of the tools without ``ask_tools``), their errors saying ``settling``
+    (``message`` if None); the first of them named in its error event."""
+    charged = await cut_off_usage(store, run, cut)
+    if ask_tools:
+        running = await settle_running_calls(store, setting, run, code, settling or message)
+    else:
+        listed = await store.list_tool_calls(run.run_id)
+        running = [row.tool_call_id for row in listed if row.status == "running"]
+    await fail_run(
+        store,
+        run.run_id,
+        code,
+        message,
+        usage=charged,
+        tool_call_id=running[0] if running else None,
+    )
+
+
 async def compensate_effects(store: RunStore, setting: CallSetting, run: Run) -> list[str]:
     """Run each declared compensation of a side effect that happened, at most once."""
     tools = setting.tools

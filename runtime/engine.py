@@ -32,13 +32,7 @@ from runtime.adapter import Adapter, fail_run
 from runtime.agent import AgentSpec
 from runtime.backend import settle_checkpointer
 from runtime.budget import Maxima, effective_limits
-from runtime.cancelling import (
-    CallSetting,
-    CutOff,
-    cut_off_usage,
-    finish_cancel,
-    settle_running_calls,
-)
+from runtime.cancelling import CallSetting, CutOff, fail_cut_off, finish_cancel
 from runtime.commands import Drive, RunCommands
 from runtime.context import Context
 from runtime.errors import CODES, Code, RuntimeProblem
@@ -570,24 +564,15 @@ class Engine(RunCommands):
                 spent = ctx.active_s()
                 # Settling and reconciling the cut calls is not the run's work.
                 self._clock(run_id, _stopped_at(spent))
-                charged = await cut_off_usage(
-                    store, run, CutOff(adapter.values or values or {}, spent)
-                )
-                running = await settle_running_calls(
+                # Its error names the call the time ran out in (the first, of parallel ones).
+                await fail_cut_off(
                     store,
                     self._setting_of(run.agent_id),
                     run,
-                    Code.RUN_BUDGET_EXCEEDED,
-                    f"timeout_s {run.limits.timeout_s} reached while running",
-                )
-                await fail_run(
-                    store,
-                    run_id,
+                    CutOff(adapter.values or values or {}, spent),
                     Code.RUN_BUDGET_EXCEEDED,
                     f"timeout_s {run.limits.timeout_s} reached",
-                    usage=charged,
-                    # The call the time ran out in (the first, of parallel ones).
-                    tool_call_id=running[0] if running else None,
+                    settling=f"timeout_s {run.limits.timeout_s} reached while running",
                 )
                 return
             if streamed or (adapter.values.get("outcome") and graph_input is not None):

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass
 
 from runtime.adapter import fail_run
-from runtime.cancelling import CallSetting, CutOff, cut_off_usage, settle_running_calls
+from runtime.cancelling import CallSetting, CutOff, fail_cut_off
 from runtime.errors import Code
 from runtime.store.base import DriveStart, RunStore
 
@@ -97,19 +97,16 @@ async def fail_crash_loop(
     if found.cancel is not None and found.cancel[1]:
         message += "; the compensation its cancel asked for was not run"
     log.error("run %s failed: %s", run.run_id, message)
-    charged = await cut_off_usage(store, run, cut)
-    if ask_tools:
-        running = await settle_running_calls(store, setting, run, Code.RUN_CRASH_LOOP, message)
-    else:
-        running = [
-            c.tool_call_id for c in await store.list_tool_calls(run.run_id) if c.status == "running"
-        ]
+    settling = message
+    if not ask_tools:
         message += "; its tools were not asked what its running calls did"
-    await fail_run(
+    await fail_cut_off(
         store,
-        run.run_id,
+        setting,
+        run,
+        cut,
         Code.RUN_CRASH_LOOP,
         message,
-        usage=charged,
-        tool_call_id=running[0] if running else None,
+        settling=settling,
+        ask_tools=ask_tools,
     )

@@ -64,12 +64,12 @@ class LeaseQueries(StoreCore):
         # are repeated on the locked rows: PostgreSQL rechecks those (not the ranking's
         # snapshot) on a row another worker has just leased.
         now = self.now_sql
-        innocent = "" if max_takeovers is None else f" AND {{b}} < {int(max_takeovers)}"
 
         def ready(runs: str) -> str:
+            innocent = "" if max_takeovers is None else f" AND {blame(runs)} < {max_takeovers:d}"
             return (
                 f"{runs}.needs_drive = 1 AND ({runs}.lease_expires_at IS NULL "
-                f"OR {runs}.lease_expires_at < {now})" + innocent.format(b=blame(runs))
+                f"OR {runs}.lease_expires_at < {now}){innocent}"
             )
 
         rows = await self.write_once(
