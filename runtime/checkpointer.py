@@ -18,12 +18,23 @@ an upgrade that changes them fails there until this file is brought in line.
 
 Without the lock, each operation takes a connection of the pool for itself: drives
 wait for one in the pool's queue (psycopg_pool, FIFO) instead of behind the lock.
+
+One thing the runtime needs that the upstream saver cannot know: a drive's checkpoint
+writes are fenced by its lease (:data:`LEASE`, set by the engine in the drive's task,
+which LangGraph's checkpoint tasks inherit). A worker paused past its lease (a
+SIGSTOP, a long GC, a partition) may wake in the middle of a node that writes nothing
+of ours, and LangGraph would then save a checkpoint on the run's thread after the new
+holder's, newer by id: the next drive would resume the stale worker's branch. The
+fence, sent first in the checkpoint's own pipeline, fails the whole transaction
+unless the lease is still the drive's, and holds the run row (FOR SHARE: a takeover
+waits for the commit; two checkpoint writes of the drive do not wait for each other).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -36,14 +47,42 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
-from psycopg import AsyncCursor
+from psycopg import AsyncCursor, errors
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from runtime.store.core import LeaseLost
+
+LEASE: ContextVar[tuple[str, int] | None] = ContextVar("checkpoint_lease", default=None)
+"""(run_id, lease version) of the drive whose task this is (None outside a drive)."""
+
+LEASE_FENCE_SQL = (
+    "SELECT 1 / count(*) AS held FROM "
+    "(SELECT 1 FROM runs WHERE run_id = %s AND lease_version = %s FOR SHARE) AS f"
+)
+"""Fails (division by zero) unless the lease is held: the transaction fails with it."""
+
 
 class PooledPostgresSaver(AsyncPostgresSaver):
-    """``AsyncPostgresSaver`` without the shared lock on a pool, serialising inline."""
+    """``AsyncPostgresSaver`` without the shared lock on a pool, serialising inline, and
+    fenced by the lease of the drive that writes."""
+
+    @asynccontextmanager
+    async def _fenced_cursor(self, thread_id: str) -> AsyncIterator[AsyncCursor[DictRow]]:
+        """``_cursor(pipeline=True)``, with the lease fence first where a drive of the run
+        ``thread_id`` writes: one transaction (one pipeline), no extra round trip."""
+        lease = LEASE.get()
+        if lease is None or lease[0] != thread_id:
+            async with self._cursor(pipeline=True) as cur:
+                yield cur
+            return
+        try:
+            async with self._cursor(pipeline=True) as cur:
+                await cur.execute(LEASE_FENCE_SQL, lease)
+                yield cur
+        except errors.DivisionByZero as exc:  # nothing else in a checkpoint write divides
+            raise LeaseLost(f"lease {lease[1]} on {thread_id} is no longer held") from exc
 
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
@@ -98,7 +137,7 @@ class PooledPostgresSaver(AsyncPostgresSaver):
             else:
                 blob_values[k] = copy["channel_values"].pop(k)
 
-        async with self._cursor(pipeline=True) as cur:
+        async with self._fenced_cursor(thread_id) as cur:
             if blob_versions := {k: v for k, v in new_versions.items() if k in blob_values}:
                 await cur.executemany(
                     self.UPSERT_CHECKPOINT_BLOBS_SQL,
@@ -137,5 +176,5 @@ class PooledPostgresSaver(AsyncPostgresSaver):
             task_path,
             writes,
         )
-        async with self._cursor(pipeline=True) as cur:
+        async with self._fenced_cursor(config["configurable"]["thread_id"]) as cur:
             await cur.executemany(query, params)

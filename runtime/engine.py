@@ -33,6 +33,7 @@ from runtime.agent import AgentSpec
 from runtime.backend import settle_checkpointer
 from runtime.budget import Maxima, effective_limits
 from runtime.cancelling import CallSetting, CutOff, fail_cut_off, finish_cancel
+from runtime.checkpointer import LEASE
 from runtime.commands import Drive, RunCommands
 from runtime.context import Context
 from runtime.errors import CODES, Code, RuntimeProblem
@@ -230,6 +231,7 @@ class Engine(RunCommands):
         if drive is not None and drive.version == version:
             drive.started = True  # a cancel notice may stop it from here on
         store = self.store.fenced(run_id, version)
+        LEASE.set((run_id, version))  # this task's checkpoint writes are fenced too
         release: bool | None = None  # needs_drive after release; None: leave as is
         retry_in: float | None = None  # the drive failed: when the run may be driven again
         failures: int | None = None  # drives in a row before this one that failed
