@@ -206,6 +206,15 @@ class Engine(RunCommands):
     def start_drive(self, run_id: str, version: int, *, isolated: bool = False) -> None:
         """Drive a run this process has just leased (called by the worker); ``isolated``:
         a suspect, driven alone (:meth:`isolating`)."""
+        earlier = self.drives.get(run_id)
+        if earlier is not None and not earlier.task.done():
+            # Leased again while a drive of ours still runs it: that drive's lease ran out
+            # unrenewed (its loop blocked, or the database was away for a lease) and is
+            # gone, as if another worker had taken it. Two drives of one run in a process
+            # must not both go on (on SQLite nothing fences the older one's checkpoints).
+            log.warning("%s leased again while an earlier drive ran it; stopping that", run_id)
+            earlier.lease_lost = True
+            earlier.task.cancel()
         task = asyncio.create_task(self._drive(run_id, version), name=f"drive:{run_id}")
         self.drives[run_id] = Drive(task, version, isolated=isolated)
         task.add_done_callback(lambda t: self._forget(run_id, t))
@@ -279,6 +288,11 @@ class Engine(RunCommands):
             _lease_lost(store, run_id)
             return
         except asyncio.CancelledError:
+            if drive is not None and drive.version == version and drive.lease_lost:
+                # Stopped because the run is another drive's now: nothing to hand back.
+                how = "lease_lost"
+                _lease_lost(store, run_id)
+                raise
             if run_id in self._cancelling:
                 how = "cancelled"
                 try:
