@@ -25,9 +25,13 @@ which LangGraph's checkpoint tasks inherit). A worker paused past its lease (a
 SIGSTOP, a long GC, a partition) may wake in the middle of a node that writes nothing
 of ours, and LangGraph would then save a checkpoint on the run's thread after the new
 holder's, newer by id: the next drive would resume the stale worker's branch. The
-fence, sent first in the checkpoint's own pipeline, fails the whole transaction
-unless the lease is still the drive's, and holds the run row (FOR SHARE: a takeover
-waits for the commit; two checkpoint writes of the drive do not wait for each other).
+fence, sent last in the checkpoint's own pipeline, fails the whole transaction unless
+the lease is still the drive's, and holds the run row FOR SHARE from there to the
+commit, which follows at once: a takeover's lease bump cannot commit in between (a
+claim, SKIP LOCKED, passes the row over until its next sweep). Last, not first: a
+worker frozen while it sends its checkpoint (serialising it, between two statements)
+would otherwise hold the row with a session that no idle timeout ends, mid-pipeline,
+and nobody could take the run over nor cancel it.
 """
 
 from __future__ import annotations
@@ -70,8 +74,9 @@ class PooledPostgresSaver(AsyncPostgresSaver):
 
     @asynccontextmanager
     async def _fenced_cursor(self, thread_id: str) -> AsyncIterator[AsyncCursor[DictRow]]:
-        """``_cursor(pipeline=True)``, with the lease fence first where a drive of the run
-        ``thread_id`` writes: one transaction (one pipeline), no extra round trip."""
+        """``_cursor(pipeline=True)``, with the lease fence after the caller's statements
+        where a drive of the run ``thread_id`` writes: one transaction (one pipeline, in
+        which a failed statement aborts those before it too), no extra round trip."""
         lease = LEASE.get()
         if lease is None or lease[0] != thread_id:
             async with self._cursor(pipeline=True) as cur:
@@ -79,8 +84,8 @@ class PooledPostgresSaver(AsyncPostgresSaver):
             return
         try:
             async with self._cursor(pipeline=True) as cur:
-                await cur.execute(LEASE_FENCE_SQL, lease)
                 yield cur
+                await cur.execute(LEASE_FENCE_SQL, lease)
         except errors.DivisionByZero as exc:  # nothing else in a checkpoint write divides
             raise LeaseLost(f"lease {lease[1]} on {thread_id} is no longer held") from exc
 

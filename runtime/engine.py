@@ -346,6 +346,10 @@ class Engine(RunCommands):
             log.exception("run %s failed", run_id)
             try:
                 await fail_run(store, run_id, Code.INTERNAL_ERROR, repr(exc))
+            except LeaseLost:  # the error came after the lease moved on: not ours to record
+                how = "lease_lost"
+                _lease_lost(store, run_id)
+                return
             except Exception:
                 log.exception("could not record the failure of %s; handing it back", run_id)
                 failures = None if failures is None else failures + 1

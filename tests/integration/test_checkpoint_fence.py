@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -18,17 +19,20 @@ from pydantic import BaseModel
 
 from graphs.run_graph import build_run_graph
 from runtime.agent import AgentSpec
-from runtime.backend import open_backend
+from runtime.backend import Backend, open_backend
+from runtime.checkpointer import LEASE_FENCE_SQL, PooledPostgresSaver
 from runtime.engine import Engine
 from runtime.lifecycle import TERMINAL
 from runtime.model import RunContext, RunCreate
-from runtime.policy import Verdict
+from runtime.policy import DefaultPolicy, Policy, Verdict
 from runtime.tooling import ToolSpec
 from runtime.worker import Worker
 from tests.agents import ScriptPlanner, build_tools, call, finish
 
 pytestmark = pytest.mark.postgres
 
+ENDS = ("lease_lost", "failed")
+"""How a drive may end in these tests (drives_ended_total's ``how``)."""
 THREAD_ROWS = (
     "SELECT (SELECT count(*) FROM checkpoints WHERE thread_id = %(t)s) AS checkpoints, "
     "(SELECT count(*) FROM checkpoint_writes WHERE thread_id = %(t)s) AS writes"
@@ -39,8 +43,9 @@ class TakenOverWhileDeciding:
     """Allows every call; the first time, the run's lease moves on meanwhile (another
     worker's claim) and the rows the run's thread had then are noted."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, then_raise: bool = False) -> None:
         self.url = url
+        self.then_raise = then_raise
         self.seen: dict[str, int] | None = None
 
     def decide(self, tool: ToolSpec, args: BaseModel, context: RunContext) -> Verdict:
@@ -57,38 +62,142 @@ class TakenOverWhileDeciding:
                 rows = conn.execute(THREAD_ROWS, {"t": run_id[0]}).fetchone()
                 assert rows is not None
                 self.seen = {"checkpoints": rows[0], "writes": rows[1]}
+            if self.then_raise:
+                raise RuntimeError("a policy bug")
         return Verdict("allow")
+
+
+def engine_of(
+    backend: Backend, tmp_path: Path, policy: Policy, saver: PooledPostgresSaver | None = None
+) -> Engine:
+    """An engine whose one agent calls echo once, through ``policy``, then finishes."""
+    tools = build_tools(tmp_path)
+    planner = ScriptPlanner(
+        lambda view: finish("done") if view.observations else call("echo", text="x", n=1)
+    )
+    agent = AgentSpec("fenced", "", build_run_graph(planner, tools, policy), tools)
+    checkpointer = saver or backend.checkpointer
+    return Engine(backend.store, checkpointer, {"fenced": agent}, default_agent="fenced")
+
+
+async def drive_one(engine: Engine) -> tuple[str, dict[str, int]]:
+    """Create a run and let a worker drive it until a drive ends: the run, and how many
+    drives ended each way of :data:`ENDS`."""
+    worker = Worker(engine, concurrency=1)
+    worker.start()
+    try:
+        run, _ = await engine.create_run(RunCreate(input="go"))
+        for _ in range(200):
+            ends = {how: engine.metrics.value("drives_ended_total", how=how) for how in ENDS}
+            if any(ends.values()):
+                break
+            await asyncio.sleep(0.05)
+        return run.run_id, ends
+    finally:
+        await worker.stop()
 
 
 async def test_a_drive_that_lost_its_lease_writes_no_checkpoint(
     pg_schema_url: str, tmp_path: Path
 ) -> None:
-    tools = build_tools(tmp_path)
     policy = TakenOverWhileDeciding(pg_schema_url)
-    planner = ScriptPlanner(
-        lambda view: finish("done") if view.observations else call("echo", text="x", n=1)
-    )
-    agent = AgentSpec("fenced", "", build_run_graph(planner, tools, policy), tools)
     backend = await open_backend(pg_schema_url)
-    engine = Engine(backend.store, backend.checkpointer, {"fenced": agent}, default_agent="fenced")
-    worker = Worker(engine, concurrency=1)
     try:
-        worker.start()
-        run, _ = await engine.create_run(RunCreate(input="go"))
-        for _ in range(200):
-            if engine.metrics.value("drives_ended_total", how="lease_lost"):
-                break
-            await asyncio.sleep(0.05)
-        assert engine.metrics.value("drives_ended_total", how="lease_lost") == 1
+        run_id, ends = await drive_one(engine_of(backend, tmp_path, policy))
+        assert ends == {"lease_lost": 1, "failed": 0}
         assert policy.seen is not None
         async with backend.store.pool.connection() as conn:  # type: ignore[attr-defined]
-            cur = await conn.execute(THREAD_ROWS, {"t": run.run_id})
+            cur = await conn.execute(THREAD_ROWS, {"t": run_id})
             after = await cur.fetchone()
         # Not one more checkpoint, nor the guard's writes, after the lease moved on.
         assert after == policy.seen
-        found = await backend.store.get_run(run.run_id)
+        found = await backend.store.get_run(run_id)
         assert found is not None and found.state not in TERMINAL
-        assert await backend.store.list_tool_calls(run.run_id) == []
+        assert await backend.store.list_tool_calls(run_id) == []
     finally:
-        await worker.stop()
+        await backend.close()
+
+
+async def test_a_node_that_fails_after_the_lease_moved_on_leaves_the_run_to_its_holder(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """The failure is not this drive's to record (its fail_run is fenced off): the drive
+    ends as one that lost its lease, not as a failed one handed back with a backoff."""
+    policy = TakenOverWhileDeciding(pg_schema_url, then_raise=True)
+    backend = await open_backend(pg_schema_url)
+    try:
+        run_id, ends = await drive_one(engine_of(backend, tmp_path, policy))
+        assert ends == {"lease_lost": 1, "failed": 0}
+        found = await backend.store.get_run_to_drive(run_id)
+        assert found is not None and found.run.state not in TERMINAL and found.failures == 0
+    finally:
+        await backend.close()
+
+
+async def test_the_fence_holds_the_run_row_against_a_takeover_until_the_commit(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """A takeover that commits between the fence and the checkpoint's commit would let a
+    stale checkpoint land after it: the fence's row lock makes the lease bump wait."""
+    backend = await open_backend(pg_schema_url)
+    engine = engine_of(backend, tmp_path, DefaultPolicy())
+    try:
+        run, _ = await engine.create_run(RunCreate(input="go"))
+        version = await backend.store.take_lease(run.run_id, "w-old", 30.0)
+        bump = (
+            "UPDATE runs SET lease_version = lease_version + 1, lease_owner = 'w-new' "
+            "WHERE run_id = %s"
+        )
+        with (
+            psycopg.connect(pg_schema_url) as checkpoint,  # a transaction, as in a pipeline
+            psycopg.connect(pg_schema_url, autocommit=True) as takeover,
+        ):
+            held = checkpoint.execute(LEASE_FENCE_SQL, (run.run_id, version)).fetchone()
+            assert held == (1,)
+            takeover.execute("SET lock_timeout = '200ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                takeover.execute(bump, (run.run_id,))
+            checkpoint.commit()
+            takeover.execute(bump, (run.run_id,))
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                checkpoint.execute(LEASE_FENCE_SQL, (run.run_id, version))
+    finally:
+        await backend.close()
+
+
+class FrozenMidWrite(PooledPostgresSaver):
+    """The first checkpoint write of the run stops while it serialises (its pipeline
+    open), as a process paused there would; meanwhile another worker takes the run."""
+
+    url = ""
+    taken: bool | None = None
+
+    def _dump_blobs(self, *args: Any, **kwargs: Any) -> Any:
+        if self.taken is None:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                conn.execute("SET lock_timeout = '1s'")
+                try:
+                    conn.execute(
+                        "UPDATE runs SET lease_version = lease_version + 1, lease_owner = 'w-new'"
+                    )
+                    self.taken = True
+                except psycopg.errors.LockNotAvailable:
+                    self.taken = False
+        return super()._dump_blobs(*args, **kwargs)
+
+
+async def test_a_worker_frozen_mid_checkpoint_holds_nothing_a_takeover_waits_for(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """The fence goes last: a worker stopped before it (no idle timeout ends a session
+    in the middle of a pipeline) holds no lock on the run, which others can take over
+    and cancel; its checkpoint then fails on the fence."""
+    backend = await open_backend(pg_schema_url)
+    saver = FrozenMidWrite(backend.store.pool)  # type: ignore[attr-defined]
+    saver.url = pg_schema_url
+    try:
+        _, ends = await drive_one(engine_of(backend, tmp_path, DefaultPolicy(), saver))
+        assert saver.taken is True
+        assert ends == {"lease_lost": 1, "failed": 0}
+    finally:
         await backend.close()
