@@ -29,13 +29,22 @@ fence, sent last in the checkpoint's own pipeline, fails the whole transaction u
 the lease is still the drive's, and holds the run row FOR SHARE from there to the
 commit, which follows at once: a takeover's lease bump cannot commit in between (a
 claim, SKIP LOCKED, passes the row over until its next sweep). Last, not first: a
-worker frozen while it sends its checkpoint (serialising it, between two statements)
-would otherwise hold the row with a session that no idle timeout ends, mid-pipeline,
-and nobody could take the run over nor cancel it.
+worker frozen while it sends its checkpoint would otherwise hold the row with a
+session that no idle timeout ends, mid-pipeline, and nobody could take the run over
+nor cancel it.
+
+psycopg syncs a pipeline however its block is left, and in autocommit a sync commits
+what was sent: a pipeline cut between the checkpoint's statements and the fence (the
+heartbeat cancelling the drive of a lease it found lost, a chaos probe showed) would
+commit the checkpoint unfenced. So a fenced write is serialised before its pipeline
+opens, and if anything cuts it short there (an error, a cancel) a failing statement
+goes before the sync. (A cancel that lands inside psycopg's own wait makes psycopg
+cancel the statement in the server, which fails the transaction too.)
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -67,27 +76,48 @@ LEASE_FENCE_SQL = (
 )
 """Fails (division by zero) unless the lease is held: the transaction fails with it."""
 
+ABANDON_SQL = "SELECT 'checkpoint write abandoned'::int"
+"""Fails (not by a division): sent before the sync of a write that went wrong, so that
+the sync commits none of it."""
+
+Statement = tuple[str, Sequence[Any], bool]
+"""A checkpoint write's statement: query, parameters (a list of them where ``many``), many."""
+
 
 class PooledPostgresSaver(AsyncPostgresSaver):
     """``AsyncPostgresSaver`` without the shared lock on a pool, serialising inline, and
     fenced by the lease of the drive that writes."""
 
-    @asynccontextmanager
-    async def _fenced_cursor(self, thread_id: str) -> AsyncIterator[AsyncCursor[DictRow]]:
-        """``_cursor(pipeline=True)``, with the lease fence after the caller's statements
-        where a drive of the run ``thread_id`` writes: one transaction (one pipeline, in
-        which a failed statement aborts those before it too), no extra round trip."""
+    async def _write(self, thread_id: str, statements: list[Statement]) -> None:
+        """Send ``statements``, serialised already, in one pipeline (one transaction),
+        fenced where a drive of the run ``thread_id`` writes."""
         lease = LEASE.get()
         if lease is None or lease[0] != thread_id:
             async with self._cursor(pipeline=True) as cur:
-                yield cur
+                await self._send(cur, statements)
             return
         try:
-            async with self._cursor(pipeline=True) as cur:
-                yield cur
-                await cur.execute(LEASE_FENCE_SQL, lease)
+            await self._write_fenced(lease, statements)
         except errors.DivisionByZero as exc:  # nothing else in a checkpoint write divides
             raise LeaseLost(f"lease {lease[1]} on {thread_id} is no longer held") from exc
+
+    async def _write_fenced(self, lease: tuple[str, int], statements: list[Statement]) -> None:
+        async with self._cursor(pipeline=True) as cur:
+            try:
+                await self._send(cur, statements)
+                await cur.execute(LEASE_FENCE_SQL, lease)
+            except BaseException:
+                # The pipeline's sync, on the way out, must commit none of it.
+                with contextlib.suppress(Exception):
+                    await cur.execute(ABANDON_SQL)
+                raise
+
+    async def _send(self, cur: AsyncCursor[DictRow], statements: list[Statement]) -> None:
+        for query, params, many in statements:
+            if many:
+                await cur.executemany(query, params)
+            else:
+                await cur.execute(query, params)
 
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
@@ -142,13 +172,17 @@ class PooledPostgresSaver(AsyncPostgresSaver):
             else:
                 blob_values[k] = copy["channel_values"].pop(k)
 
-        async with self._fenced_cursor(thread_id) as cur:
-            if blob_versions := {k: v for k, v in new_versions.items() if k in blob_values}:
-                await cur.executemany(
+        statements: list[Statement] = []
+        if blob_versions := {k: v for k, v in new_versions.items() if k in blob_values}:
+            statements.append(
+                (
                     self.UPSERT_CHECKPOINT_BLOBS_SQL,
                     self._dump_blobs(thread_id, checkpoint_ns, blob_values, blob_versions),
+                    True,
                 )
-            await cur.execute(
+            )
+        statements.append(
+            (
                 self.UPSERT_CHECKPOINTS_SQL,
                 (
                     thread_id,
@@ -158,7 +192,10 @@ class PooledPostgresSaver(AsyncPostgresSaver):
                     Jsonb(copy),
                     Jsonb(get_serializable_checkpoint_metadata(config, metadata)),
                 ),
+                False,
             )
+        )
+        await self._write(thread_id, statements)
         return next_config
 
     async def aput_writes(
@@ -181,5 +218,4 @@ class PooledPostgresSaver(AsyncPostgresSaver):
             task_path,
             writes,
         )
-        async with self._fenced_cursor(config["configurable"]["thread_id"]) as cur:
-            await cur.executemany(query, params)
+        await self._write(config["configurable"]["thread_id"], [(query, params, True)])

@@ -15,12 +15,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from langgraph.checkpoint.base import empty_checkpoint
 from pydantic import BaseModel
 
 from graphs.run_graph import build_run_graph
 from runtime.agent import AgentSpec
 from runtime.backend import Backend, open_backend
-from runtime.checkpointer import LEASE_FENCE_SQL, PooledPostgresSaver
+from runtime.checkpointer import LEASE, LEASE_FENCE_SQL, PooledPostgresSaver
 from runtime.engine import Engine
 from runtime.lifecycle import TERMINAL
 from runtime.model import RunContext, RunCreate
@@ -166,15 +167,17 @@ async def test_the_fence_holds_the_run_row_against_a_takeover_until_the_commit(
 
 
 class FrozenMidWrite(PooledPostgresSaver):
-    """The first checkpoint write of the run stops while it serialises (its pipeline
-    open), as a process paused there would; meanwhile another worker takes the run."""
+    """The first checkpoint write of a drive stops once its statements are sent (its
+    pipeline open, not synced), as a process paused there would; meanwhile another
+    worker takes the run."""
 
     url = ""
     taken: bool | None = None
 
-    def _dump_blobs(self, *args: Any, **kwargs: Any) -> Any:
-        if self.taken is None:
-            with psycopg.connect(self.url, autocommit=True) as conn:
+    async def _send(self, cur: Any, statements: Any) -> None:
+        await super()._send(cur, statements)
+        if self.taken is None and LEASE.get() is not None:
+            with psycopg.connect(self.url, autocommit=True) as conn:  # blocking: frozen
                 conn.execute("SET lock_timeout = '1s'")
                 try:
                     conn.execute(
@@ -183,7 +186,6 @@ class FrozenMidWrite(PooledPostgresSaver):
                     self.taken = True
                 except psycopg.errors.LockNotAvailable:
                     self.taken = False
-        return super()._dump_blobs(*args, **kwargs)
 
 
 async def test_a_worker_frozen_mid_checkpoint_holds_nothing_a_takeover_waits_for(
@@ -200,4 +202,61 @@ async def test_a_worker_frozen_mid_checkpoint_holds_nothing_a_takeover_waits_for
         assert saver.taken is True
         assert ends == {"lease_lost": 1, "failed": 0}
     finally:
+        await backend.close()
+
+
+class CutMidWrite(PooledPostgresSaver):
+    """Stops once a write's statements are sent, before its fence, until ``go`` is set;
+    or raises there (``fail``)."""
+
+    def __init__(self, *args: Any, fail: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent = asyncio.Event()
+        self.go = asyncio.Event()
+        self.fail = fail
+
+    async def _send(self, cur: Any, statements: Any) -> None:
+        await super()._send(cur, statements)
+        self.sent.set()
+        if self.fail:
+            raise RuntimeError("serialising the next statement failed")
+        await self.go.wait()
+
+
+@pytest.mark.parametrize("how", ["cancelled", "failed"])
+async def test_a_checkpoint_write_cut_before_its_fence_commits_nothing(
+    pg_schema_url: str, tmp_path: Path, how: str
+) -> None:
+    """psycopg syncs, so commits, a pipeline however its block is left: a write cut
+    between its statements and the fence (the heartbeat cancelling a drive whose lease
+    it found gone; an error) must commit none of it."""
+    backend = await open_backend(pg_schema_url)
+    saver = CutMidWrite(backend.store.pool, fail=how == "failed")  # type: ignore[attr-defined]
+    engine = engine_of(backend, tmp_path, DefaultPolicy(), saver)
+    try:
+        run, _ = await engine.create_run(RunCreate(input="go"))
+        version = await backend.store.take_lease(run.run_id, "w-old", 30.0)
+        assert version is not None
+        config: Any = {"configurable": {"thread_id": run.run_id, "checkpoint_ns": ""}}
+        LEASE.set((run.run_id, version))  # as a drive's task has it; the put's task copies it
+        put = asyncio.create_task(saver.aput(config, empty_checkpoint(), {}, {}))
+        await asyncio.wait_for(saver.sent.wait(), 10)
+        if how == "cancelled":
+            async with backend.store.tx() as tx:  # the lease moves on, then its drive stops
+                await tx.execute(
+                    "UPDATE runs SET lease_version = lease_version + 1 WHERE run_id = ?",
+                    (run.run_id,),
+                )
+            put.cancel()
+            saver.go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await put
+        else:
+            with pytest.raises(RuntimeError):
+                await put
+        async with backend.store.pool.connection() as conn:  # type: ignore[attr-defined]
+            cur = await conn.execute(THREAD_ROWS, {"t": run.run_id})
+            assert await cur.fetchone() == {"checkpoints": 0, "writes": 0}
+    finally:
+        LEASE.set(None)
         await backend.close()
