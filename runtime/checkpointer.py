@@ -12,7 +12,8 @@
   LangGraph's own ``AsyncSqliteSaver`` does it on the event loop too.
 
 The two methods below are the upstream ones (langgraph-checkpoint-postgres 3.2) with
-``to_thread`` taken out. ``tests/unit/test_checkpointer.py`` checks that they write
+``to_thread`` taken out, and their statements serialised first and then sent through
+``_write`` (the fence, below). ``tests/unit/test_checkpointer.py`` checks that they write
 what the upstream saver writes, and holds a hash of the upstream methods mirrored here:
 an upgrade that changes them fails there until this file is brought in line.
 
