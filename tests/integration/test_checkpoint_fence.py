@@ -4,7 +4,9 @@ The store's writes were always fenced by the lease; LangGraph's checkpoints were
 A worker paused past its lease that wakes in a node writing nothing of ours (the
 guard, here) would save a checkpoint newer than its successor's, and the next drive
 would resume that stale branch. Here the takeover happens while the guard decides,
-deterministically: the policy bumps the lease as a new holder's claim would.
+deterministically: the policy bumps the lease as a new holder's claim would. The
+other tests hold the fence to what makes it airtight: its row lock, its place last in
+the pipeline (a frozen writer holds nothing), and a write cut short before it.
 """
 
 from __future__ import annotations
