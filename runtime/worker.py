@@ -143,9 +143,11 @@ class Worker:
             except TRANSIENT_DB_ERRORS:
                 log.warning("cannot renew leases: database unreachable")
                 continue
-            for run_id, _, _ in leases:
+            for run_id, version, _ in leases:
                 drive = engine.drives.get(run_id)
-                if run_id not in held and drive is not None:
+                # The drive whose lease this was: a later one of the run (claimed again once
+                # that lease was released) holds a lease of its own, and keeps it.
+                if run_id not in held and drive is not None and drive.version == version:
                     # Someone else owns it now: stop without writing anything more.
                     log.warning("lease on %s was taken over; stopping its drive", run_id)
                     drive.lease_lost = True
