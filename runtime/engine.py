@@ -207,15 +207,19 @@ class Engine(RunCommands):
         """Drive a run this process has just leased (called by the worker); ``isolated``:
         a suspect, driven alone (:meth:`isolating`)."""
         earlier = self.drives.get(run_id)
+        after: asyncio.Task[None] | None = None
         if earlier is not None and not earlier.task.done():
-            # Leased again while a drive of ours still runs it: that drive's lease ran out
-            # unrenewed (its loop blocked, or the database was away for a lease) and is
-            # gone, as if another worker had taken it. Two drives of one run in a process
-            # must not both go on (on SQLite nothing fences the older one's checkpoints).
-            log.warning("%s leased again while an earlier drive ran it; stopping that", run_id)
-            earlier.lease_lost = True
-            earlier.task.cancel()
-        task = asyncio.create_task(self._drive(run_id, version), name=f"drive:{run_id}")
+            after = earlier.task
+            if not earlier.ending:
+                # Leased again while a drive of ours still runs it: that drive's lease ran
+                # out unrenewed (its loop blocked, or the database was away for a lease)
+                # and is gone, as if another worker had taken it. Two drives of one run in
+                # a process must not both go on (on SQLite nothing fences the older one's
+                # checkpoints). Past its work, it only has its release left to finish.
+                log.warning("%s leased again while an earlier drive ran it; stopping that", run_id)
+                earlier.lease_lost = True
+                earlier.task.cancel()
+        task = asyncio.create_task(self._drive(run_id, version, after), name=f"drive:{run_id}")
         self.drives[run_id] = Drive(task, version, isolated=isolated)
         task.add_done_callback(lambda t: self._forget(run_id, t))
 
@@ -235,10 +239,17 @@ class Engine(RunCommands):
         self._noticed.discard(run_id)
         self.bus.publish(run_id, 0)  # wake anyone waiting for the run to settle
 
-    async def _drive(self, run_id: str, version: int) -> None:
+    async def _drive(
+        self, run_id: str, version: int, after: asyncio.Task[None] | None = None
+    ) -> None:
         drive = self.drives.get(run_id)
         if drive is not None and drive.version == version:
             drive.started = True  # a cancel notice may stop it from here on
+        if after is not None:
+            # The earlier drive of the run unwinds first: a checkpoint write of its own
+            # (unfenced on SQLite) must not land after this drive has read the thread.
+            # One that does not stop within a lease is left to its fences.
+            await asyncio.wait({after}, timeout=self.lease_s)
         store = self.store.fenced(run_id, version)
         LEASE.set((run_id, version))  # this task's checkpoint writes are fenced too
         release: bool | None = None  # needs_drive after release; None: leave as is

@@ -94,8 +94,9 @@ class Worker:
                 backoff = min(backoff * 2, 10.0)
                 continue
             for run_id, version in claimed:
-                if run_id not in engine.drives:
-                    engine.start_drive(run_id, version)
+                # A run this process still drives, leased again: that drive's lease lapsed
+                # (renewals failed for a lease); the new lease takes over from it at once.
+                engine.start_drive(run_id, version)
             if claimed and len(claimed) == free:
                 continue  # there may be more waiting
             # Full, isolating or draining: a drive that ends (or moves on) wakes us.

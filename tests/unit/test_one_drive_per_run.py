@@ -7,10 +7,15 @@ beside the new drive until its next store write."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
+import psycopg
+
+from runtime.commands import Drive
 from runtime.lifecycle import State
 from runtime.model import RunCreate
+from runtime.worker import Worker
 from server.host import open_host
 from server.settings import Settings
 
@@ -47,3 +52,84 @@ async def test_an_earlier_drive_of_a_run_leased_again_stops_at_once(
         assert engine.drives[run.run_id].version == second
         found = await store.get_run(run.run_id)
         assert found is not None and found.state is State.EXECUTING
+
+
+async def test_a_worker_that_leases_its_own_lapsed_run_again_drives_it_at_once(
+    database_url: str, data_dir: Path
+) -> None:
+    """The worker's claim loop: a run whose lease lapsed under this process's own drive
+    (its renewals could not reach the database for a lease) is driven by the new lease
+    straight away, not left idle for another lease while the old drive stops."""
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        extra_agents=["tests.agents:build_agents"],
+        lease_seconds=30.0,
+    )
+    async with open_host(settings, run_worker=False) as host:
+        engine, store = host.engine, host.store
+
+        async def unreachable(owner: str, leases: Sequence[object], lease_s: float) -> set[str]:
+            raise psycopg.OperationalError("connection refused")
+
+        store.renew_leases = unreachable  # type: ignore[method-assign]
+        worker = Worker(engine)
+        worker.start()
+        try:
+            run, _ = await engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 120"))
+            async with asyncio.timeout(30):
+                # A row in the database: no event to wait on.
+                while not any(c.tool == "sleep" for c in await store.list_tool_calls(run.run_id)):  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+            earlier = engine.drives[run.run_id]
+
+            async with store.tx() as tx:  # a lease without a renewal: it ran out
+                await tx.execute(
+                    "UPDATE runs SET lease_expires_at = 0 WHERE run_id = ?", (run.run_id,)
+                )
+            engine.wake()
+            # The earlier drive sleeps for minutes and writes nothing meanwhile: only the
+            # claim loop starting the new lease's drive ends it.
+            async with asyncio.timeout(20):
+                while engine.drives[run.run_id] is earlier:  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+                await asyncio.wait({earlier.task})
+            assert earlier.lease_lost and earlier.task.cancelled()
+            now = engine.drives[run.run_id]
+            assert now.version == earlier.version + 1 and not now.task.done()
+            found = await store.get_run(run.run_id)
+            assert found is not None and found.state is State.EXECUTING
+        finally:
+            await worker.stop(grace_s=0)
+
+
+async def test_a_drive_past_its_work_finishes_before_the_next_drive_of_its_run_starts(
+    database_url: str, data_dir: Path
+) -> None:
+    """Released (with a decision to act on, say) and leased again before its task has
+    ended: the earlier drive is not stopped as if its lease were lost, and the new one
+    begins once it has ended."""
+    settings = Settings(
+        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
+    )
+    async with open_host(settings, run_worker=False) as host:
+        engine, store = host.engine, host.store
+        run, _ = await engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
+        released = asyncio.Event()
+
+        async def releasing() -> None:
+            await released.wait()
+
+        earlier = Drive(asyncio.create_task(releasing()), 7, started=True, ending=True)
+        engine.drives[run.run_id] = earlier
+        version = await store.take_lease(run.run_id, engine.owner, 30.0)
+        assert version is not None
+        engine.start_drive(run.run_id, version)
+        await asyncio.sleep(0.3)
+        assert not earlier.lease_lost and not earlier.task.done()
+        found = await store.get_run(run.run_id)
+        assert found is not None and found.state is State.PENDING  # not begun
+        released.set()
+        settled = await engine.wait_settled(run.run_id, within_s=30)
+        assert settled.state is State.SUCCEEDED
+        assert engine.metrics.value("drives_ended_total", how="lease_lost") == 0
