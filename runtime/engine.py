@@ -245,11 +245,6 @@ class Engine(RunCommands):
         drive = self.drives.get(run_id)
         if drive is not None and drive.version == version:
             drive.started = True  # a cancel notice may stop it from here on
-        if after is not None:
-            # The earlier drive of the run unwinds first: a checkpoint write of its own
-            # (unfenced on SQLite) must not land after this drive has read the thread.
-            # One that does not stop within a lease is left to its fences.
-            await asyncio.wait({after}, timeout=self.lease_s)
         store = self.store.fenced(run_id, version)
         LEASE.set((run_id, version))  # this task's checkpoint writes are fenced too
         release: bool | None = None  # needs_drive after release; None: leave as is
@@ -260,6 +255,11 @@ class Engine(RunCommands):
         carries_cancel = False  # the drive began to carry out a cancel already asked for
         self.metrics.inc("drives_started_total")
         try:
+            if after is not None:
+                # The earlier drive of the run unwinds first: a checkpoint write of its own
+                # (unfenced on SQLite) must not land after this drive has read the thread.
+                # One that does not stop within a lease is left to its fences.
+                await asyncio.wait({after}, timeout=self.lease_s)
             found = await store.get_run_to_drive(run_id)
             failures = found.failures if found is not None else 0
             if found is not None and found.taken_from is not None:

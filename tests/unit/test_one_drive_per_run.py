@@ -133,3 +133,27 @@ async def test_a_drive_past_its_work_finishes_before_the_next_drive_of_its_run_s
         settled = await engine.wait_settled(run.run_id, within_s=30)
         assert settled.state is State.SUCCEEDED
         assert engine.metrics.value("drives_ended_total", how="lease_lost") == 0
+
+
+async def test_a_drive_stopped_while_it_waits_for_the_earlier_one_gives_its_lease_back(
+    database_url: str, data_dir: Path
+) -> None:
+    """A shutdown while the new drive waits for the earlier one to end: the new lease is
+    handed back at once, not left to lapse (which would count a takeover)."""
+    settings = Settings(
+        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
+    )
+    async with open_host(settings, run_worker=False) as host:
+        engine, store = host.engine, host.store
+        run, _ = await engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
+        earlier = Drive(asyncio.create_task(asyncio.sleep(60)), 7, started=True, ending=True)
+        engine.drives[run.run_id] = earlier
+        version = await store.take_lease(run.run_id, engine.owner, 30.0)
+        assert version is not None
+        engine.start_drive(run.run_id, version)
+        await asyncio.sleep(0.1)  # waiting for the earlier drive
+        await engine.shutdown()
+        lease = await store.lease_of(run.run_id)
+        earlier.task.cancel()
+    assert lease is not None and lease["lease_owner"] is None and lease["needs_drive"] == 1
+    assert engine.metrics.value("drives_ended_total", how="handed_back") == 1
