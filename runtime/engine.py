@@ -152,6 +152,8 @@ class Engine(RunCommands):
         self.taking_cancels = 0
         self._noticed: set[str] = set()
         """Runs another process asked a worker for while we drove them."""
+        self._unwinding: dict[str, set[asyncio.Task[None]]] = {}
+        """Earlier drives of a run driven again, not ended yet: the new drive waits."""
 
     def wake(self) -> None:
         self.work.set()
@@ -207,10 +209,8 @@ class Engine(RunCommands):
         """Drive a run this process has just leased (called by the worker); ``isolated``:
         a suspect, driven alone (:meth:`isolating`)."""
         earlier = self.drives.get(run_id)
-        after: asyncio.Task[None] | None = None
         if earlier is not None and not earlier.task.done():
-            after = earlier.task
-            if not earlier.ending:
+            if not (earlier.ending or earlier.lease_lost):
                 # Leased again while a drive of ours still runs it: that drive's lease ran
                 # out unrenewed (its loop blocked, or the database was away for a lease)
                 # and is gone, as if another worker had taken it. Two drives of one run in
@@ -219,9 +219,20 @@ class Engine(RunCommands):
                 log.warning("%s leased again while an earlier drive ran it; stopping that", run_id)
                 earlier.lease_lost = True
                 earlier.task.cancel()
+            unwinding = self._unwinding.setdefault(run_id, set())
+            unwinding.add(earlier.task)
+            earlier.task.add_done_callback(lambda t: self._unwound(run_id, t))
+        after = frozenset(self._unwinding.get(run_id, ()))
         task = asyncio.create_task(self._drive(run_id, version, after), name=f"drive:{run_id}")
         self.drives[run_id] = Drive(task, version, isolated=isolated)
         task.add_done_callback(lambda t: self._forget(run_id, t))
+
+    def _unwound(self, run_id: str, task: asyncio.Task[None]) -> None:
+        unwinding = self._unwinding.get(run_id)
+        if unwinding is not None:
+            unwinding.discard(task)
+            if not unwinding:
+                del self._unwinding[run_id]
 
     def isolating(self) -> bool:
         """Whether a suspect's drive has the process to itself (or is being claimed):
@@ -230,21 +241,22 @@ class Engine(RunCommands):
 
     def _forget(self, run_id: str, task: asyncio.Task[None]) -> None:
         drive = self.drives.get(run_id)
-        if drive is not None and drive.task is task:
+        current = drive is not None and drive.task is task
+        if current:
             del self.drives[run_id]
         if not task.cancelled() and task.exception() is not None:
             log.error("driver of %s failed", run_id, exc_info=task.exception())
+        if not current:  # an earlier drive of a run driven again: the notices are the new one's
+            return
         if self.full or run_id in self._noticed:
             self.wake()  # a slot is free, or the run was asked for while we held it
         self._noticed.discard(run_id)
         self.bus.publish(run_id, 0)  # wake anyone waiting for the run to settle
 
     async def _drive(
-        self, run_id: str, version: int, after: asyncio.Task[None] | None = None
+        self, run_id: str, version: int, after: frozenset[asyncio.Task[None]] = frozenset()
     ) -> None:
         drive = self.drives.get(run_id)
-        if drive is not None and drive.version == version:
-            drive.started = True  # a cancel notice may stop it from here on
         store = self.store.fenced(run_id, version)
         LEASE.set((run_id, version))  # this task's checkpoint writes are fenced too
         release: bool | None = None  # needs_drive after release; None: leave as is
@@ -255,11 +267,14 @@ class Engine(RunCommands):
         carries_cancel = False  # the drive began to carry out a cancel already asked for
         self.metrics.inc("drives_started_total")
         try:
-            if after is not None:
-                # The earlier drive of the run unwinds first: a checkpoint write of its own
+            if after:
+                # Earlier drives of the run unwind first: a checkpoint write of theirs
                 # (unfenced on SQLite) must not land after this drive has read the thread.
-                # One that does not stop within a lease is left to its fences.
-                await asyncio.wait({after}, timeout=self.lease_s)
+                # One that does not stop within a lease is left to its fences. Until this
+                # drive has started, it reads a cancel itself rather than take a notice.
+                await asyncio.wait(after, timeout=self.lease_s)
+            if drive is not None and drive.version == version:
+                drive.started = True  # a cancel notice may stop it from here on
             found = await store.get_run_to_drive(run_id)
             failures = found.failures if found is not None else 0
             if found is not None and found.taken_from is not None:
@@ -631,10 +646,12 @@ class Engine(RunCommands):
     async def shutdown(self, grace_s: float = 0.0) -> None:
         """Let drives finish for ``grace_s``, then hand the rest back from their checkpoints."""
         tasks = [d.task for d in self.drives.values()]
+        tasks += [t for unwinding in self._unwinding.values() for t in unwinding]
         if tasks and grace_s > 0:
             await asyncio.wait(tasks, timeout=grace_s)
-        for drive in list(self.drives.values()):
-            drive.task.cancel()
+        # Earlier drives of a run driven again, still unwinding, too.
+        for task in {d.task for d in self.drives.values()} | set(tasks):
+            task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 
 from runtime.commands import Drive
+from runtime.errors import Code
 from runtime.lifecycle import State
 from runtime.model import RunCreate
 from runtime.worker import Worker
@@ -115,12 +116,8 @@ async def test_a_drive_past_its_work_finishes_before_the_next_drive_of_its_run_s
     async with open_host(settings, run_worker=False) as host:
         engine, store = host.engine, host.store
         run, _ = await engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
-        released = asyncio.Event()
-
-        async def releasing() -> None:
-            await released.wait()
-
-        earlier = Drive(asyncio.create_task(releasing()), 7, started=True, ending=True)
+        released, task = held_open()
+        earlier = Drive(task, 7, started=True, ending=True)
         engine.drives[run.run_id] = earlier
         version = await store.take_lease(run.run_id, engine.owner, 30.0)
         assert version is not None
@@ -154,6 +151,76 @@ async def test_a_drive_stopped_while_it_waits_for_the_earlier_one_gives_its_leas
         await asyncio.sleep(0.1)  # waiting for the earlier drive
         await engine.shutdown()
         lease = await store.lease_of(run.run_id)
-        earlier.task.cancel()
+        # The earlier drive is not left running past the shutdown either.
+        assert earlier.task.cancelled()
     assert lease is not None and lease["lease_owner"] is None and lease["needs_drive"] == 1
     assert engine.metrics.value("drives_ended_total", how="handed_back") == 1
+
+
+def held_open() -> tuple[asyncio.Event, asyncio.Task[None]]:
+    """A stand-in for an earlier drive's task: it ends when the event is set."""
+    released = asyncio.Event()
+
+    async def releasing() -> None:
+        await released.wait()
+
+    return released, asyncio.create_task(releasing())
+
+
+async def test_a_cancel_while_the_new_drive_waits_is_carried_out_once_it_begins(
+    database_url: str, data_dir: Path
+) -> None:
+    """A cancel notice does not stop a drive still waiting for the earlier one (it would
+    end the run beside it, or leave its lease to lapse): the drive reads the cancel when
+    it begins, and carries it out."""
+    settings = Settings(
+        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
+    )
+    async with open_host(settings, run_worker=False) as host:
+        engine, store = host.engine, host.store
+        run, _ = await engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
+        released, task = held_open()
+        engine.drives[run.run_id] = Drive(task, 7, started=True, ending=True)
+        version = await store.take_lease(run.run_id, engine.owner, 30.0)
+        assert version is not None
+        engine.start_drive(run.run_id, version)
+        waiting = engine.drives[run.run_id]
+        asked = await engine.cancel(run.run_id, "not needed", wait_s=0.3)
+        assert asked.state is State.PENDING and not waiting.task.done()
+        released.set()
+        settled = await engine.wait_settled(run.run_id, within_s=30)
+        assert settled.state is State.FAILED
+        assert settled.outcome is not None and settled.outcome.code is Code.RUN_CANCELLED
+        lease = await store.lease_of(run.run_id)
+        assert lease is not None and lease["lease_owner"] is None
+
+
+async def test_a_drive_waits_for_every_earlier_drive_of_its_run_still_unwinding(
+    database_url: str, data_dir: Path
+) -> None:
+    """A, still unwinding; B, waiting for A, loses its lease too; C must wait for A as
+    well, not only for B, which stops at once."""
+    settings = Settings(
+        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
+    )
+    async with open_host(settings, run_worker=False) as host:
+        engine, store = host.engine, host.store
+        run, _ = await engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
+        released, task = held_open()
+        engine.drives[run.run_id] = Drive(task, 7, started=True, ending=True)
+        for _ in range(2):
+            async with store.tx() as tx:  # B's lease ran out while it waited
+                await tx.execute(
+                    "UPDATE runs SET lease_expires_at = 0 WHERE run_id = ?", (run.run_id,)
+                )
+            version = await store.take_lease(run.run_id, engine.owner, 30.0)
+            assert version is not None
+            engine.start_drive(run.run_id, version)
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
+        found = await store.get_run(run.run_id)
+        assert found is not None and found.state is State.PENDING  # C has not begun
+        released.set()
+        settled = await engine.wait_settled(run.run_id, within_s=30)
+        assert settled.state is State.SUCCEEDED
+        assert engine.metrics.value("drives_ended_total", how="lease_lost") == 1  # B
