@@ -7,7 +7,9 @@ beside the new drive until its next store write."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -17,7 +19,7 @@ from runtime.errors import Code
 from runtime.lifecycle import State
 from runtime.model import RunCreate
 from runtime.worker import Worker
-from server.host import open_host
+from server.host import Host, open_host
 from server.settings import Settings
 
 
@@ -104,30 +106,61 @@ async def test_a_worker_that_leases_its_own_lapsed_run_again_drives_it_at_once(
             await worker.stop(grace_s=0)
 
 
-async def test_a_drive_past_its_work_finishes_before_the_next_drive_of_its_run_starts(
-    database_url: str, data_dir: Path
-) -> None:
-    """Released (with a decision to act on, say) and leased again before its task has
-    ended: the earlier drive is not stopped as if its lease were lost, and the new one
-    begins once it has ended."""
+@dataclass
+class DrivenAgain:
+    host: Host
+    run_id: str
+    earlier: Drive
+    """A stand-in for the run's earlier drive, past its work: it ends on ``released``."""
+    released: asyncio.Event
+
+
+async def lease_again(host: Host, run_id: str, *, lapsed: bool = False) -> None:
+    """Lease the run again (its lease ``lapsed`` first) and start the lease's drive."""
+    if lapsed:
+        async with host.store.tx() as tx:
+            await tx.execute("UPDATE runs SET lease_expires_at = 0 WHERE run_id = ?", (run_id,))
+    version = await host.store.take_lease(run_id, host.engine.owner, 30.0)
+    assert version is not None
+    host.engine.start_drive(run_id, version)
+
+
+@asynccontextmanager
+async def driven_again(database_url: str, data_dir: Path) -> AsyncIterator[DrivenAgain]:
+    """A new run leased and driven while an earlier drive of it has not ended (released,
+    with a decision to act on, say, and claimed again before its task was done)."""
     settings = Settings(
         data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
     )
     async with open_host(settings, run_worker=False) as host:
-        engine, store = host.engine, host.store
-        run, _ = await engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
-        released, task = held_open()
-        earlier = Drive(task, 7, started=True, ending=True)
-        engine.drives[run.run_id] = earlier
-        version = await store.take_lease(run.run_id, engine.owner, 30.0)
-        assert version is not None
-        engine.start_drive(run.run_id, version)
+        run, _ = await host.engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
+        released = asyncio.Event()
+
+        async def releasing() -> None:
+            await released.wait()
+
+        earlier = Drive(asyncio.create_task(releasing()), 7, started=True, ending=True)
+        host.engine.drives[run.run_id] = earlier
+        await lease_again(host, run.run_id)
+        try:
+            yield DrivenAgain(host, run.run_id, earlier, released)
+        finally:
+            earlier.task.cancel()
+
+
+async def test_a_drive_past_its_work_finishes_before_the_next_drive_of_its_run_starts(
+    database_url: str, data_dir: Path
+) -> None:
+    """The earlier drive, past its work, is not stopped as if its lease were lost, and the
+    new one begins once it has ended."""
+    async with driven_again(database_url, data_dir) as again:
+        engine, store = again.host.engine, again.host.store
         await asyncio.sleep(0.3)
-        assert not earlier.lease_lost and not earlier.task.done()
-        found = await store.get_run(run.run_id)
+        assert not again.earlier.lease_lost and not again.earlier.task.done()
+        found = await store.get_run(again.run_id)
         assert found is not None and found.state is State.PENDING  # not begun
-        released.set()
-        settled = await engine.wait_settled(run.run_id, within_s=30)
+        again.released.set()
+        settled = await engine.wait_settled(again.run_id, within_s=30)
         assert settled.state is State.SUCCEEDED
         assert engine.metrics.value("drives_ended_total", how="lease_lost") == 0
 
@@ -137,34 +170,15 @@ async def test_a_drive_stopped_while_it_waits_for_the_earlier_one_gives_its_leas
 ) -> None:
     """A shutdown while the new drive waits for the earlier one to end: the new lease is
     handed back at once, not left to lapse (which would count a takeover)."""
-    settings = Settings(
-        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
-    )
-    async with open_host(settings, run_worker=False) as host:
-        engine, store = host.engine, host.store
-        run, _ = await engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
-        earlier = Drive(asyncio.create_task(asyncio.sleep(60)), 7, started=True, ending=True)
-        engine.drives[run.run_id] = earlier
-        version = await store.take_lease(run.run_id, engine.owner, 30.0)
-        assert version is not None
-        engine.start_drive(run.run_id, version)
+    async with driven_again(database_url, data_dir) as again:
+        engine = again.host.engine
         await asyncio.sleep(0.1)  # waiting for the earlier drive
         await engine.shutdown()
-        lease = await store.lease_of(run.run_id)
+        lease = await again.host.store.lease_of(again.run_id)
         # The earlier drive is not left running past the shutdown either.
-        assert earlier.task.cancelled()
+        assert again.earlier.task.cancelled()
     assert lease is not None and lease["lease_owner"] is None and lease["needs_drive"] == 1
     assert engine.metrics.value("drives_ended_total", how="handed_back") == 1
-
-
-def held_open() -> tuple[asyncio.Event, asyncio.Task[None]]:
-    """A stand-in for an earlier drive's task: it ends when the event is set."""
-    released = asyncio.Event()
-
-    async def releasing() -> None:
-        await released.wait()
-
-    return released, asyncio.create_task(releasing())
 
 
 async def test_a_cancel_while_the_new_drive_waits_is_carried_out_once_it_begins(
@@ -173,25 +187,16 @@ async def test_a_cancel_while_the_new_drive_waits_is_carried_out_once_it_begins(
     """A cancel notice does not stop a drive still waiting for the earlier one (it would
     end the run beside it, or leave its lease to lapse): the drive reads the cancel when
     it begins, and carries it out."""
-    settings = Settings(
-        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
-    )
-    async with open_host(settings, run_worker=False) as host:
-        engine, store = host.engine, host.store
-        run, _ = await engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
-        released, task = held_open()
-        engine.drives[run.run_id] = Drive(task, 7, started=True, ending=True)
-        version = await store.take_lease(run.run_id, engine.owner, 30.0)
-        assert version is not None
-        engine.start_drive(run.run_id, version)
-        waiting = engine.drives[run.run_id]
-        asked = await engine.cancel(run.run_id, "not needed", wait_s=0.3)
+    async with driven_again(database_url, data_dir) as again:
+        engine, store = again.host.engine, again.host.store
+        waiting = engine.drives[again.run_id]
+        asked = await engine.cancel(again.run_id, "not needed", wait_s=0.3)
         assert asked.state is State.PENDING and not waiting.task.done()
-        released.set()
-        settled = await engine.wait_settled(run.run_id, within_s=30)
+        again.released.set()
+        settled = await engine.wait_settled(again.run_id, within_s=30)
         assert settled.state is State.FAILED
         assert settled.outcome is not None and settled.outcome.code is Code.RUN_CANCELLED
-        lease = await store.lease_of(run.run_id)
+        lease = await store.lease_of(again.run_id)
         assert lease is not None and lease["lease_owner"] is None
 
 
@@ -200,27 +205,14 @@ async def test_a_drive_waits_for_every_earlier_drive_of_its_run_still_unwinding(
 ) -> None:
     """A, still unwinding; B, waiting for A, loses its lease too; C must wait for A as
     well, not only for B, which stops at once."""
-    settings = Settings(
-        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
-    )
-    async with open_host(settings, run_worker=False) as host:
-        engine, store = host.engine, host.store
-        run, _ = await engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
-        released, task = held_open()
-        engine.drives[run.run_id] = Drive(task, 7, started=True, ending=True)
-        for _ in range(2):
-            async with store.tx() as tx:  # B's lease ran out while it waited
-                await tx.execute(
-                    "UPDATE runs SET lease_expires_at = 0 WHERE run_id = ?", (run.run_id,)
-                )
-            version = await store.take_lease(run.run_id, engine.owner, 30.0)
-            assert version is not None
-            engine.start_drive(run.run_id, version)
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(0.2)
-        found = await store.get_run(run.run_id)
+    async with driven_again(database_url, data_dir) as again:
+        engine, store = again.host.engine, again.host.store
+        await asyncio.sleep(0.1)
+        await lease_again(again.host, again.run_id, lapsed=True)  # C
+        await asyncio.sleep(0.3)
+        found = await store.get_run(again.run_id)
         assert found is not None and found.state is State.PENDING  # C has not begun
-        released.set()
-        settled = await engine.wait_settled(run.run_id, within_s=30)
+        again.released.set()
+        settled = await engine.wait_settled(again.run_id, within_s=30)
         assert settled.state is State.SUCCEEDED
         assert engine.metrics.value("drives_ended_total", how="lease_lost") == 1  # B
