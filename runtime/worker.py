@@ -33,6 +33,7 @@ class Worker:
         self._tasks = [
             asyncio.create_task(self._claim_loop(), name="worker:claim"),
             asyncio.create_task(self._heartbeat_loop(), name="worker:heartbeat"),
+            asyncio.create_task(self._unfreeze_loop(), name="worker:unfreeze"),
         ]
 
     async def stop(self, grace_s: float = 10.0) -> None:
@@ -153,3 +154,26 @@ class Worker:
                     log.warning("lease on %s was taken over; stopping its drive", run_id)
                     drive.lease_lost = True
                     drive.task.cancel()
+
+    async def _unfreeze_loop(self) -> None:
+        """End sessions frozen mid-pipeline (``end_frozen_sessions``) once they have held
+        on for a lease: the run they hold locked is then free for a claim or a cancel."""
+        engine = self.engine
+        while not self._stopping.is_set():
+            await asyncio.sleep(engine.lease_s / 2)
+            try:
+                ended = await engine.store.end_frozen_sessions(engine.lease_s)
+            except TRANSIENT_DB_ERRORS:
+                continue  # the heartbeat says so already
+            except Exception:
+                log.exception("could not look for frozen database sessions")
+                continue
+            for row in ended:
+                log.warning(
+                    "ended database session %s (from %s): frozen in mid-transaction for "
+                    "%.0fs, its process paused or gone",
+                    row["pid"],
+                    row["client"],
+                    row["held_s"],
+                )
+                engine.metrics.inc("frozen_sessions_ended_total")

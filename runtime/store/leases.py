@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from runtime.store.core import CANCEL_CHANNEL, ENDED, EVENTS_CHANNEL, WORK_CHANNEL, StoreCore
+from runtime.store.core import (
+    CANCEL_CHANNEL,
+    ENDED,
+    EVENTS_CHANNEL,
+    WORK_CHANNEL,
+    Row,
+    StoreCore,
+)
 
 __all__ = ["CANCEL_CHANNEL", "EVENTS_CHANNEL", "WORK_CHANNEL", "LeaseQueries"]
 
@@ -172,6 +179,12 @@ class LeaseQueries(StoreCore):
             (owner, owner, owner, lease_s, run_id),
         )
         return int(got[0]["lease_version"]) if got else None
+
+    async def end_frozen_sessions(self, older_than_s: float) -> list[Row]:
+        """End the database sessions of ours frozen mid-transaction for ``older_than_s``
+        seconds or more (a process paused mid-pipeline, holding a run row locked); each
+        row: pid, client, held_s, ended. On SQLite (one process) there are none."""
+        return []
 
     async def renew_leases(
         self, owner: str, leases: Sequence[tuple[str, int, float | None]], lease_s: float

@@ -9,6 +9,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from psycopg import AsyncConnection, sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -52,16 +53,45 @@ class _PgTx:
 
 async def _configure(conn: AsyncConnection[DictRow]) -> None:
     # A process paused mid-transaction (SIGSTOP, a long GC) must not hold run rows
-    # locked forever: PostgreSQL ends such a session, and the others move on.
+    # locked forever: PostgreSQL ends such a session, and the others move on. Not one
+    # paused in the middle of a pipeline: the server is still reading that statement
+    # batch ("active"), and no timeout of PostgreSQL 15 applies (see FROZEN_SQL).
     await conn.execute("SET idle_in_transaction_session_timeout = '60s'")
 
 
+APPLICATION_NAME = "agent-runtime"
+"""Our sessions' name where the URL gives none: workers end only frozen sessions that
+bear the name their own does (:meth:`PostgresRunStore.end_frozen_sessions`)."""
+
+FROZEN_SQL = (
+    "SELECT pid, COALESCE(client_addr::text, 'local') AS client, "
+    "EXTRACT(EPOCH FROM now() - xact_start)::float AS held_s, "
+    "pg_terminate_backend(pid) AS ended "
+    "FROM pg_stat_activity "
+    "WHERE datname = current_database() AND usename = current_user "
+    "AND application_name = current_setting('application_name') "
+    "AND backend_type = 'client backend' AND pid <> pg_backend_pid() "
+    "AND state = 'active' AND wait_event = 'ClientRead' "
+    "AND xact_start < now() - make_interval(secs => %s)"
+)
+"""Ends our sessions stuck for ``%s`` seconds or more inside a transaction whose next
+statement never came: their process sent part of a pipeline (each pipelined statement
+runs as it arrives, its locks held to the sync) and stopped there: paused, frozen with
+its VM, cut off, or its host gone without a word. Such a session holds what it locked
+(a run row) until TCP gives up, hours later: no worker can claim the run and a cancel
+of it waits. A live pipeline is never mid-way for seconds: its statements are sent
+back to back, serialised beforehand."""
+
+
 async def open_pool(url: str, max_size: int = 10) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
+    kwargs = dict(CONNECTION_KWARGS)
+    if "application_name" not in conninfo_to_dict(url):
+        kwargs["application_name"] = APPLICATION_NAME
     pool: AsyncConnectionPool[AsyncConnection[DictRow]] = AsyncConnectionPool(
         url,
         min_size=1,
         max_size=max_size,
-        kwargs=CONNECTION_KWARGS,
+        kwargs=kwargs,
         open=False,
         connection_class=AsyncConnection[DictRow],
         configure=_configure,
@@ -118,6 +148,11 @@ class PostgresRunStore(PgSingleStatements):
         async with advisory_lock(pool, MIGRATION_LOCK):
             await store.migrate()
         return store
+
+    async def end_frozen_sessions(self, older_than_s: float) -> list[Row]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(FROZEN_SQL, (older_than_s,))
+            return await cur.fetchall()
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[_PgTx]:

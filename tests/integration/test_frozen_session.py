@@ -1,0 +1,112 @@
+"""A process of ours frozen in the middle of a pipelined write (paused, its VM frozen, its
+host gone without a word) keeps the run row it locked: PostgreSQL 15 applies no timeout
+to a session still reading a statement batch, and TCP takes hours to give up. Workers
+end such sessions once they have held on for a lease; nothing else of theirs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
+from psycopg_pool import AsyncConnectionPool
+
+from runtime.lifecycle import State
+from runtime.model import RunCreate
+from runtime.store.postgres import CONNECTION_KWARGS, open_pool
+from runtime.worker import Worker
+from server.host import open_host
+from server.settings import Settings
+
+pytestmark = pytest.mark.postgres
+
+Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
+
+
+@pytest.fixture
+async def other_process(pg_schema_url: str) -> AsyncIterator[Pool]:
+    """The pool another process of ours would have: the same settings and name."""
+    pool = await open_pool(pg_schema_url, max_size=1)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def freeze_mid_pipeline(
+    conn: AsyncConnection[DictRow], run_id: str, frozen: asyncio.Event, thawed: asyncio.Event
+) -> None:
+    """Lock the run row with the first statement of a pipeline, then stop sending."""
+    async with conn.pipeline():
+        await conn.execute("UPDATE runs SET updated_at = updated_at WHERE run_id = %s", (run_id,))
+        await conn.execute("SELECT 1")
+        frozen.set()
+        await thawed.wait()
+
+
+async def test_a_run_locked_by_a_frozen_session_is_driven_once_the_session_is_ended(
+    pg_schema_url: str, data_dir: Path, other_process: Pool
+) -> None:
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=pg_schema_url,
+        extra_agents=["tests.agents:build_agents"],
+        lease_seconds=1.0,
+    )
+    async with open_host(settings, run_worker=False) as host:
+        engine = host.engine
+        run, _ = await engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
+        frozen, thawed = asyncio.Event(), asyncio.Event()
+        async with other_process.connection() as conn:
+            stuck = asyncio.create_task(freeze_mid_pipeline(conn, run.run_id, frozen, thawed))
+            await frozen.wait()
+            worker = Worker(engine)
+            worker.start()
+            try:
+                # Claims pass a locked row over (SKIP LOCKED): only ending the frozen
+                # session lets a worker take the run.
+                settled = await engine.wait_settled(run.run_id, within_s=30)
+                assert settled.state is State.SUCCEEDED
+                assert engine.metrics.value("frozen_sessions_ended_total") == 1
+            finally:
+                await worker.stop(grace_s=0)
+            thawed.set()  # the process wakes: its session is gone
+            with pytest.raises(psycopg.OperationalError):
+                await stuck
+
+
+async def test_only_our_sessions_frozen_for_the_given_time_are_ended(
+    pg_schema_url: str, data_dir: Path, other_process: Pool
+) -> None:
+    settings = Settings(data_dir=data_dir, database_url=pg_schema_url)
+    async with open_host(settings, run_worker=False) as host:
+        store = host.store
+        run, _ = await host.engine.create_run(RunCreate(agent_id="retail_analyst", input="hi"))
+        # Someone else's program on the same database and role, frozen just the same.
+        stranger = await AsyncConnection.connect(
+            pg_schema_url, **CONNECTION_KWARGS, application_name="someone-else"
+        )
+        frozen = [asyncio.Event(), asyncio.Event()]
+        thawed = asyncio.Event()
+        async with stranger, other_process.connection() as ours:
+            tasks = [
+                asyncio.create_task(freeze_mid_pipeline(c, run.run_id, f, thawed))
+                for c, f in ((ours, frozen[0]), (stranger, frozen[1]))
+            ]
+            await frozen[0].wait()
+            # The stranger now waits for our lock on the row (a lock wait, not frozen).
+            assert not await store.end_frozen_sessions(60.0)  # not for that long yet
+            await asyncio.sleep(0.3)
+            ended = await store.end_frozen_sessions(0.2)
+            assert [row["pid"] for row in ended] == [ours.info.backend_pid]
+            assert ended[0]["ended"] and ended[0]["held_s"] >= 0.2
+            await asyncio.wait_for(frozen[1].wait(), 10)  # our lock is gone: it got the row
+            await asyncio.sleep(0.3)
+            assert not await store.end_frozen_sessions(0.2)  # someone else's: left alone
+            thawed.set()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(results[0], psycopg.OperationalError) and results[1] is None
