@@ -13,6 +13,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from runtime import failpoints
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, State, Trigger, transition
@@ -261,6 +262,7 @@ class PostgresRunStore(PgSingleStatements):
                     return await cur.fetchone()
                 async with conn.pipeline():
                     earlier = [await conn.execute(q, p) for q, p, _ in statements]
+                    failpoints.hit("freeze.pipeline")
                     cur = await conn.execute(query, params)
                 changed = [await c.fetchone() for c in earlier]
                 row = await cur.fetchone()

@@ -21,6 +21,10 @@ from runtime.store.postgres import CONNECTION_KWARGS, open_pool
 from runtime.worker import Worker
 from server.host import open_host
 from server.settings import Settings
+from tests.agents import counter_lines
+from tests.integration.conftest import Processes, state_is
+from tests.integration.scale_out import QUICK_EXIT, create_run, wait_until
+from tests.integration.server_proc import ServerProcess, WorkerProcess
 
 pytestmark = pytest.mark.postgres
 
@@ -110,3 +114,49 @@ async def test_only_our_sessions_frozen_for_the_given_time_are_ended(
             thawed.set()
             results = await asyncio.gather(*tasks, return_exceptions=True)
         assert isinstance(results[0], psycopg.OperationalError) and results[1] is None
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat: R, S, T (stopped)…"""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def test_a_worker_frozen_halfway_through_a_write_loses_its_run_to_another(
+    pg_schema_url: str, data_dir: Path, processes: Processes
+) -> None:
+    """Real processes: the first worker stops itself (SIGSTOP) right after the first
+    statement of a pipelined write, the run row locked; the second ends its session
+    after a lease and drives the run; the first, continued, writes nothing more."""
+    server = processes.add(ServerProcess(data_dir, pg_schema_url, no_worker=True)).start()
+    first = processes.add(
+        WorkerProcess(
+            data_dir,
+            pg_schema_url,
+            name="first",
+            AGENT_RUNTIME_FAILPOINTS="freeze.pipeline",
+            **QUICK_EXIT,
+        )
+    ).start()
+    with server.client() as http:
+        run_id = create_run(http, agent_id="slow_worker", input="sleep 0")
+        wait_until(lambda: process_state(first.pid) == "T", 30, "the first worker to freeze")
+        second = processes.add(
+            WorkerProcess(data_dir, pg_schema_url, name="second", **QUICK_EXIT)
+        ).start()
+        server.follow(run_id, state_is("succeeded", "failed"), timeout=60)
+        before = http.get(f"/runs/{run_id}/trace").json()
+        assert before["run"]["state"] == "succeeded", before["run"]
+        assert "frozen in mid-transaction" in second.log_text()
+
+        offset = first.log_path.stat().st_size
+        first.resume()
+        wait_until(
+            lambda: first.logged_since(offset, lambda line: run_id in line),
+            15,
+            "the continued worker to find its run gone",
+        )
+        after = http.get(f"/runs/{run_id}/trace").json()
+        assert first.alive and second.alive
+    assert after == before
+    assert len(counter_lines(data_dir)) == 1
