@@ -219,6 +219,7 @@ class Engine(RunCommands):
                 log.warning("%s leased again while an earlier drive ran it; stopping that", run_id)
                 earlier.lease_lost = True
                 earlier.task.cancel()
+            self._cancelling.discard(run_id)  # the earlier drive's: not the new one's to heed
             unwinding = self._unwinding.setdefault(run_id, set())
             unwinding.add(earlier.task)
             earlier.task.add_done_callback(lambda t: self._unwound(run_id, t))
@@ -383,7 +384,9 @@ class Engine(RunCommands):
         finally:
             if drive is not None and drive.version == version:
                 drive.ending = True
-            self._cancelling.discard(run_id)
+            if drive is None or self.drives.get(run_id) is drive:
+                # (A drive the run has been leased again past: the mark is the new one's.)
+                self._cancelling.discard(run_id)
             self.metrics.inc("drives_ended_total", how=how)
         try:
             await asyncio.shield(_flush_quietly(store))
