@@ -23,8 +23,8 @@ HELP: dict[str, tuple[str, str]] = {
     "drives_in_flight": ("gauge", "Drives this process is running now."),
     "frozen_sessions_ended_total": (
         "counter",
-        "Database sessions this worker ended: frozen mid-transaction for a lease "
-        "(their process paused or gone), holding rows others wait for.",
+        "Database sessions this worker ended: frozen mid-transaction on our tables for "
+        "two leases (their process paused or gone), holding rows others wait for.",
     ),
     "runs": ("gauge", "Runs in each live state, in the whole database."),
 }

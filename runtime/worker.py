@@ -157,18 +157,22 @@ class Worker:
 
     async def _unfreeze_loop(self) -> None:
         """End sessions frozen mid-pipeline (``end_frozen_sessions``) once they have held
-        on for a lease: the run they hold locked is then free for a claim or a cancel."""
+        on for two leases: the run they hold locked is then free for a claim or a
+        cancel. (A live process is never mid-transaction that long: its loop would
+        have missed renewing its own leases a lease before.)"""
         engine = self.engine
         while not self._stopping.is_set():
             await asyncio.sleep(engine.lease_s / 2)
             try:
-                ended = await engine.store.end_frozen_sessions(engine.lease_s)
+                ended = await engine.store.end_frozen_sessions(2 * engine.lease_s)
             except TRANSIENT_DB_ERRORS:
                 continue  # the heartbeat says so already
             except Exception:
                 log.exception("could not look for frozen database sessions")
                 continue
             for row in ended:
+                if not row["ended"]:  # gone already, or another worker was first
+                    continue
                 log.warning(
                     "ended database session %s (from %s): frozen in mid-transaction for "
                     "%.0fs, its process paused or gone",

@@ -61,27 +61,30 @@ async def _configure(conn: AsyncConnection[DictRow]) -> None:
 
 
 APPLICATION_NAME = "agent-runtime"
-"""Our sessions' name where the URL gives none: workers end only frozen sessions that
-bear the name their own does (:meth:`PostgresRunStore.end_frozen_sessions`)."""
+"""Our sessions' name in ``pg_stat_activity`` where the URL gives none."""
 
 FROZEN_SQL = (
-    "SELECT pid, COALESCE(client_addr::text, 'local') AS client, "
-    "EXTRACT(EPOCH FROM now() - xact_start)::float AS held_s, "
-    "pg_terminate_backend(pid) AS ended "
-    "FROM pg_stat_activity "
-    "WHERE datname = current_database() AND usename = current_user "
-    "AND application_name = current_setting('application_name') "
-    "AND backend_type = 'client backend' AND pid <> pg_backend_pid() "
-    "AND state = 'active' AND wait_event = 'ClientRead' "
-    "AND xact_start < now() - make_interval(secs => %s)"
+    "SELECT a.pid, COALESCE(a.client_addr::text, 'local') AS client, "
+    "EXTRACT(EPOCH FROM now() - a.xact_start)::float AS held_s, "
+    "pg_terminate_backend(a.pid) AS ended "
+    "FROM pg_stat_activity AS a "
+    "WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() "
+    "AND a.backend_type = 'client backend' "
+    "AND a.state = 'active' AND a.wait_event = 'ClientRead' "
+    "AND a.xact_start < now() - make_interval(secs => %s) "
+    "AND pg_has_role(current_user, a.usesysid, 'USAGE') "
+    "AND EXISTS (SELECT 1 FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation "
+    "WHERE l.pid = a.pid AND l.granted "
+    "AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()))"
 )
-"""Ends our sessions stuck for ``%s`` seconds or more inside a transaction whose next
-statement never came: their process sent part of a pipeline (each pipelined statement
-runs as it arrives, its locks held to the sync) and stopped there: paused, frozen with
-its VM, cut off, or its host gone without a word. Such a session holds what it locked
-(a run row) until TCP gives up, hours later: no worker can claim the run and a cancel
-of it waits. A live pipeline is never mid-way for seconds: its statements are sent
-back to back, serialised beforehand."""
+"""Ends the sessions stuck for ``%s`` seconds or more inside a transaction on our tables
+(a lock on a relation of our schema: whatever their role or application name, and
+never another deployment's, in a schema of its own) whose next statement never came:
+their process sent part of a pipeline (each pipelined statement runs as it arrives,
+its locks held to the sync) and stopped there: paused, frozen with its VM, cut off, or
+its host gone without a word. Such a session holds what it locked (a run row) until
+TCP gives up, hours later: no worker can claim the run and a cancel of it waits.
+Only sessions this role may signal (``pg_terminate_backend`` would fail the query)."""
 
 
 async def open_pool(url: str, max_size: int = 10) -> AsyncConnectionPool[AsyncConnection[DictRow]]:

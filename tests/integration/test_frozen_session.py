@@ -6,6 +6,7 @@ end such sessions once they have held on for a lease; nothing else of theirs."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -83,37 +84,63 @@ async def test_a_run_locked_by_a_frozen_session_is_driven_once_the_session_is_en
                 await stuck
 
 
-async def test_only_our_sessions_frozen_for_the_given_time_are_ended(
+async def frozen_in_a_read(conn: AsyncConnection[DictRow], pid: int) -> None:
+    """Wait until the session ``pid`` holds its lock and waits for the rest of its batch."""
+    async with asyncio.timeout(10):
+        while True:
+            cur = await conn.execute(
+                "SELECT state, wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)
+            )
+            if await cur.fetchone() == {"state": "active", "wait_event": "ClientRead"}:
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_only_sessions_frozen_on_our_tables_for_the_given_time_are_ended(
     pg_schema_url: str, data_dir: Path, other_process: Pool
 ) -> None:
     settings = Settings(data_dir=data_dir, database_url=pg_schema_url)
     async with open_host(settings, run_worker=False) as host:
         store = host.store
         run, _ = await host.engine.create_run(RunCreate(agent_id="retail_analyst", input="hi"))
-        # Someone else's program on the same database and role, frozen just the same.
-        stranger = await AsyncConnection.connect(
-            pg_schema_url, **CONNECTION_KWARGS, application_name="someone-else"
-        )
-        frozen = [asyncio.Event(), asyncio.Event()]
-        thawed = asyncio.Event()
-        async with stranger, other_process.connection() as ours:
-            tasks = [
-                asyncio.create_task(freeze_mid_pipeline(c, run.run_id, f, thawed))
-                for c, f in ((ours, frozen[0]), (stranger, frozen[1]))
-            ]
-            await frozen[0].wait()
-            # The stranger now waits for our lock on the row (a lock wait, not frozen).
-            assert not await store.end_frozen_sessions(60.0)  # not for that long yet
-            await asyncio.sleep(0.3)
-            ended = await store.end_frozen_sessions(0.2)
-            assert [row["pid"] for row in ended] == [ours.info.backend_pid]
-            assert ended[0]["ended"] and ended[0]["held_s"] >= 0.2
-            await asyncio.wait_for(frozen[1].wait(), 10)  # our lock is gone: it got the row
-            await asyncio.sleep(0.3)
-            assert not await store.end_frozen_sessions(0.2)  # someone else's: left alone
-            thawed.set()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-        assert isinstance(results[0], psycopg.OperationalError) and results[1] is None
+        async with (
+            other_process.connection() as ours,
+            await AsyncConnection.connect(pg_schema_url, **CONNECTION_KWARGS) as admin,
+        ):
+            # Another deployment in the same database and role, in a schema of its own
+            # (a table named as ours), frozen just the same.
+            other_schema = f"t_other_{uuid.uuid4().hex[:8]}"
+            await admin.execute(f"CREATE SCHEMA {other_schema}")
+            try:
+                await admin.execute(
+                    f"CREATE TABLE {other_schema}.runs (run_id text, updated_at text)"
+                )
+                await admin.execute(f"INSERT INTO {other_schema}.runs VALUES (%s)", (run.run_id,))
+                stranger = await AsyncConnection.connect(
+                    pg_schema_url, **CONNECTION_KWARGS, options=f"-c search_path={other_schema}"
+                )
+                thawed = asyncio.Event()
+                async with stranger:
+                    tasks = [
+                        asyncio.create_task(
+                            freeze_mid_pipeline(c, run.run_id, asyncio.Event(), thawed)
+                        )
+                        for c in (ours, stranger)
+                    ]
+                    for c in (ours, stranger):
+                        await frozen_in_a_read(admin, c.info.backend_pid)
+                    assert not await store.end_frozen_sessions(60.0)  # not for that long yet
+                    await asyncio.sleep(0.3)
+                    ended = await store.end_frozen_sessions(0.2)
+                    assert [row["pid"] for row in ended] == [ours.info.backend_pid]
+                    assert ended[0]["ended"] and ended[0]["held_s"] >= 0.2
+                    assert not await store.end_frozen_sessions(0.2)  # the other: left alone
+                    thawed.set()
+                    results = await asyncio.gather(*tasks, return_exceptions=True)
+                assert isinstance(results[0], psycopg.OperationalError), results
+                assert results[1] is None, results
+            finally:
+                await admin.execute(f"DROP SCHEMA {other_schema} CASCADE")
 
 
 def process_state(pid: int) -> str:
