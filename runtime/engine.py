@@ -234,6 +234,13 @@ class Engine(RunCommands):
             unwinding.discard(task)
             if not unwinding:
                 del self._unwinding[run_id]
+        if self.full:
+            self.wake()  # it held a slot
+
+    def running(self) -> int:
+        """Drive tasks this process runs: its drives, and earlier drives of runs driven
+        again that have not ended yet (one that ignores its cancel still takes a slot)."""
+        return len(self.drives) + sum(len(u) for u in self._unwinding.values())
 
     def isolating(self) -> bool:
         """Whether a suspect's drive has the process to itself (or is being claimed):

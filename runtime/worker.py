@@ -56,7 +56,7 @@ class Worker:
         draining = False  # a suspect waits for a worker with nothing else to drive
         while not self._stopping.is_set():
             engine.work.clear()
-            free = self.concurrency - len(engine.drives)
+            free = self.concurrency - engine.running()
             claimed: list[tuple[str, int]] = []
             due = loop.time() >= next_check
             failed = False
@@ -101,7 +101,7 @@ class Worker:
             if claimed and len(claimed) == free:
                 continue  # there may be more waiting
             # Full, isolating or draining: a drive that ends (or moves on) wakes us.
-            engine.full = len(engine.drives) >= self.concurrency or engine.isolating() or draining
+            engine.full = engine.running() >= self.concurrency or engine.isolating() or draining
             await within(backoff, engine.work.wait())
 
     async def _suspect(self) -> list[tuple[str, int]]:

@@ -216,3 +216,25 @@ async def test_a_drive_waits_for_every_earlier_drive_of_its_run_still_unwinding(
         settled = await engine.wait_settled(again.run_id, within_s=30)
         assert settled.state is State.SUCCEEDED
         assert engine.metrics.value("drives_ended_total", how="lease_lost") == 1  # B
+
+
+async def test_an_earlier_drive_still_unwinding_takes_a_worker_slot(
+    database_url: str, data_dir: Path
+) -> None:
+    """A worker of two slots, one run's new drive waiting for its earlier drive: the
+    earlier drive still runs, so no other run is claimed until it ends."""
+    async with driven_again(database_url, data_dir) as again:
+        engine, store = again.host.engine, again.host.store
+        other, _ = await engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
+        worker = Worker(engine, concurrency=2)
+        worker.start()
+        try:
+            await asyncio.sleep(0.5)
+            found = await store.get_run(other.run_id)
+            assert found is not None and found.state is State.PENDING  # not claimed
+            again.released.set()
+            for run_id in (again.run_id, other.run_id):
+                settled = await engine.wait_settled(run_id, within_s=30)
+                assert settled.state is State.SUCCEEDED
+        finally:
+            await worker.stop(grace_s=0)
