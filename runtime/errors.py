@@ -61,6 +61,7 @@ class Code(StrEnum):
     TENANT_RUN_LIMIT = "TENANT_RUN_LIMIT"
     TOO_MANY_STREAMS = "TOO_MANY_STREAMS"
     JSON_TOO_DEEP = "JSON_TOO_DEEP"
+    MALFORMED_REQUEST = "MALFORMED_REQUEST"
     NOT_FOUND = "NOT_FOUND"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
@@ -123,6 +124,7 @@ CODES: dict[Code, CodeInfo] = {
     C.TENANT_RUN_LIMIT: CodeInfo("Too many active runs for this tenant", R.RETRY, 429),
     C.TOO_MANY_STREAMS: CodeInfo("Too many open event streams", R.RETRY, 429),
     C.JSON_TOO_DEEP: CodeInfo("Request JSON is nested too deeply", R.NONE, 422),
+    C.MALFORMED_REQUEST: CodeInfo("The request is not valid HTTP", R.NONE, 400),
     C.NOT_FOUND: CodeInfo("Not found", R.NONE, 404),
     C.METHOD_NOT_ALLOWED: CodeInfo("Method not allowed", R.NONE, 405),
     C.NOT_ACCEPTABLE: CodeInfo("Not acceptable", R.NONE, 406),

@@ -50,6 +50,20 @@ _HEADERS = {"retry_after": "Retry-After", "www_authenticate": "WWW-Authenticate"
 """Extras that a client needs as headers; Retry-After also stays in the body."""
 
 
+def problem_body(
+    code: Code, detail: str, *, instance: str | None = None, status: int | None = None
+) -> dict[str, Any]:
+    info = CODES[code]
+    return Problem(
+        type=f"https://agent-runtime.dev/problems/{code.value.lower().replace('_', '-')}",
+        title=info.title,
+        status=status or info.http_status,
+        detail=detail,
+        code=code.value,
+        instance=instance,
+    ).model_dump(exclude_none=True)
+
+
 def problem_response(
     code: Code,
     detail: str,
@@ -59,14 +73,7 @@ def problem_response(
     extra: Mapping[str, object] | None = None,
 ) -> JSONResponse:
     info = CODES[code]
-    body = Problem(
-        type=f"https://agent-runtime.dev/problems/{code.value.lower().replace('_', '-')}",
-        title=info.title,
-        status=status or info.http_status,
-        detail=detail,
-        code=code.value,
-        instance=instance,
-    ).model_dump(exclude_none=True)
+    body = problem_body(code, detail, instance=instance, status=status)
     extra = {k: v for k, v in (extra or {}).items() if v is not None}
     headers = {_HEADERS[k]: str(v) for k, v in extra.items() if k in _HEADERS}
     body.update({k: v for k, v in extra.items() if k != "www_authenticate"})
