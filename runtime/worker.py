@@ -61,7 +61,8 @@ class Worker:
             due = loop.time() >= next_check
             failed = False
             try:
-                if not (engine.drives or engine.taking_cancels) and (due or draining):
+                idle = not (engine.running() or engine.taking_cancels)
+                if idle and (due or draining):
                     next_check, draining = loop.time() + self.sweep_s, False
                     engine.claiming_suspect = True
                     try:
@@ -70,7 +71,7 @@ class Worker:
                         engine.claiming_suspect = False
                     for suspect in suspects:
                         engine.start_drive(*suspect, isolated=True)
-                elif due and engine.drives and not engine.isolating():
+                elif due and not idle and not engine.isolating():
                     next_check = loop.time() + self.sweep_s
                     # Busy workers would keep a suspect waiting for ever: after a lease
                     # of waiting, one of them takes no more runs until it is idle.

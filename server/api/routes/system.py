@@ -83,7 +83,7 @@ async def metrics(
     live = await services.store.count_live_runs()
     return engine.metrics.render(
         {
-            "drives_in_flight": [({}, len(engine.drives))],
+            "drives_in_flight": [({}, engine.running())],
             "runs": [({"state": state}, n) for state, n in live.items()],
         }
     )
