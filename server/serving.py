@@ -40,6 +40,7 @@ def serve(app: FastAPI, settings: Settings, host: str, port: int) -> None:
         log_level=settings.log_level,
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
         http=ProblemHttpToolsProtocol,  # malformed requests answered as problem+json too
+        ws="none",  # no WebSocket routes: an upgrade is an HTTP request (404 problem+json)
     )
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn re-raises it once done
         Server(config, app).run()

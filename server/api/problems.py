@@ -53,6 +53,7 @@ _HEADERS = {"retry_after": "Retry-After", "www_authenticate": "WWW-Authenticate"
 def problem_body(
     code: Code, detail: str, *, instance: str | None = None, status: int | None = None
 ) -> dict[str, Any]:
+    """The problem document of ``code`` (its title and status from the codes table)."""
     info = CODES[code]
     return Problem(
         type=f"https://agent-runtime.dev/problems/{code.value.lower().replace('_', '-')}",

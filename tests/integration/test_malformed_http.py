@@ -54,3 +54,22 @@ def test_malformed_http_is_a_problem_json_400(running: ServerProcess, raw: bytes
     assert problem["detail"]
     with running.client(OPS) as http:  # and the server goes on
         assert http.get("/healthz").status_code == 200
+
+
+UPGRADES = {
+    "valid": b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+    "without a key": b"",
+}
+
+
+@pytest.mark.parametrize("key", UPGRADES.values(), ids=UPGRADES.keys())
+def test_a_websocket_upgrade_is_answered_as_http(running: ServerProcess, key: bytes) -> None:
+    """No WebSocket routes: uvicorn does not take the upgrade (it would answer in plain
+    text, 403 or 400); the app answers the request, here a 404 problem."""
+    raw = (
+        b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, close\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Version: 13\r\n" + key + b"\r\n"
+    )
+    status, headers, body = exchange(running, raw)
+    assert status == 404 and headers["content-type"] == "application/problem+json"
+    assert json.loads(body)["code"] == "NOT_FOUND"
