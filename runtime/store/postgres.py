@@ -56,7 +56,8 @@ async def _configure(conn: AsyncConnection[DictRow]) -> None:
     # A process paused mid-transaction (SIGSTOP, a long GC) must not hold run rows
     # locked forever: PostgreSQL ends such a session, and the others move on. Not one
     # paused in the middle of a pipeline: the server is still reading that statement
-    # batch ("active"), and no timeout of PostgreSQL 15 applies (see FROZEN_SQL).
+    # batch ("active"), where no timeout of PostgreSQL 15 applies (17's
+    # transaction_timeout would): workers end those (FROZEN_SQL).
     await conn.execute("SET idle_in_transaction_session_timeout = '60s'")
 
 
@@ -77,14 +78,17 @@ FROZEN_SQL = (
     "WHERE l.pid = a.pid AND l.granted "
     "AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()))"
 )
-"""Ends the sessions stuck for ``%s`` seconds or more inside a transaction on our tables
-(a lock on a relation of our schema: whatever their role or application name, and
-never another deployment's, in a schema of its own) whose next statement never came:
-their process sent part of a pipeline (each pipelined statement runs as it arrives,
-its locks held to the sync) and stopped there: paused, frozen with its VM, cut off, or
-its host gone without a word. Such a session holds what it locked (a run row) until
-TCP gives up, hours later: no worker can claim the run and a cancel of it waits.
-Only sessions this role may signal (``pg_terminate_backend`` would fail the query)."""
+"""Ends the sessions waiting for the rest of a statement batch in a transaction begun
+``%s`` seconds ago or more, on our tables (a lock on a relation of our schema: whatever
+their role or application name, and never another deployment's, in a schema of its
+own): their process sent part of a pipeline (each pipelined statement runs as it
+arrives, its locks held to the sync) and stopped there: paused, frozen with its VM,
+cut off, or its host gone without a word. Such a session holds what it locked (a run
+row) until TCP gives up, hours later or never: no worker can claim the run and a
+cancel of it waits. (A live one that old, still sending, would be an artifact of many
+megabytes on a link slow enough to take two leases, a minute by default: ended, its
+write fails and is retried.) Only sessions this role may signal
+(``pg_terminate_backend`` would fail the query)."""
 
 
 async def open_pool(url: str, max_size: int = 10) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
