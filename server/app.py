@@ -12,7 +12,7 @@ from runtime.agent import AgentSpec
 from server.api import problems
 from server.api.deps import Services
 from server.api.limits import RequestLimits
-from server.api.routes import approvals, audit, memory, runs, system
+from server.api.routes import approvals, audit, memory, probes, runs, system
 from server.auth.authenticate import Authenticator
 from server.auth.bootstrap import ensure_local_keys
 from server.host import open_host
@@ -54,4 +54,5 @@ def create_app(
     app.include_router(memory.router)
     app.include_router(audit.router)
     app.include_router(system.router)
+    app.include_router(probes.router)
     return app

@@ -87,16 +87,22 @@ def _logging(settings: Settings) -> None:
     logs.configure(settings.log_level)
 
 
-async def _run_worker(settings: Settings) -> None:
+async def _run_worker(settings: Settings, metrics_at: tuple[str, int] | None) -> None:
     from server.host import open_host
+    from server.worker_http import serve_probes
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with open_host(settings, run_worker=True) as host:
+        probes = (
+            None if metrics_at is None else asyncio.create_task(serve_probes(host, *metrics_at))
+        )
         logging.getLogger(__name__).info("worker %s started", host.engine.owner)
         await stop.wait()
+        if probes is not None:
+            await probes  # stopped by the same signal, or failed to start (it said why)
 
 
 def _server_command(args: argparse.Namespace) -> int:
@@ -112,7 +118,8 @@ def _server_command(args: argparse.Namespace) -> int:
     elif args.command == "worker":
         if args.concurrency is not None:
             settings.worker_concurrency = args.concurrency
-        _event_loop_run()(_run_worker(settings))
+        metrics_at = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
+        _event_loop_run()(_run_worker(settings, metrics_at))
     return 0
 
 
@@ -176,6 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-worker", action="store_true", help="HTTP only; drive no runs")
     worker = sub.add_parser("worker", help="drive runs from the shared database, no HTTP")
     worker.add_argument("--concurrency", type=int, default=None)
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve GET /metrics (AGENT_RUNTIME_METRICS_TOKEN) and GET /healthz on this port",
+    )
+    worker.add_argument("--metrics-host", default="127.0.0.1")
 
     keys = sub.add_parser("keys", help="create, list or revoke API keys (in the database)")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")

@@ -207,11 +207,13 @@ class WorkerProcess(ChildProcess):
         *,
         concurrency: int = 4,
         name: str = "w",
+        args: Sequence[str] = (),
         **env: str,
     ) -> None:
         self.data_dir = data_dir
         self.concurrency = concurrency
         self.name = name
+        self.args = tuple(args)
         # INFO, so the start line is logged; lease losses are logged as warnings.
         self.env = {**base_env(data_dir, database_url), "AGENT_RUNTIME_LOG_LEVEL": "info", **env}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -222,7 +224,7 @@ class WorkerProcess(ChildProcess):
     def start(self, timeout: float = 30.0, wait: bool = True) -> WorkerProcess:
         """Start the process; with ``wait``, return once it logged that it is claiming runs."""
         self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self.proc = self._spawn("worker", "--concurrency", str(self.concurrency))
+        self.proc = self._spawn("worker", "--concurrency", str(self.concurrency), *self.args)
         self.starts += 1
         if wait:
             self.wait_started(timeout=timeout)

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 from psycopg import AsyncConnection
@@ -25,7 +26,7 @@ from server.settings import Settings
 from tests.agents import counter_lines
 from tests.integration.conftest import Processes, state_is
 from tests.integration.scale_out import QUICK_EXIT, create_run, wait_until
-from tests.integration.server_proc import ServerProcess, WorkerProcess
+from tests.integration.server_proc import ServerProcess, WorkerProcess, free_port
 
 pytestmark = pytest.mark.postgres
 
@@ -168,13 +169,26 @@ def test_a_worker_frozen_halfway_through_a_write_loses_its_run_to_another(
     with server.client() as http:
         run_id = create_run(http, agent_id="slow_worker", input="sleep 0")
         wait_until(lambda: process_state(first.pid) == "T", 30, "the first worker to freeze")
+        port = free_port()
         second = processes.add(
-            WorkerProcess(data_dir, pg_schema_url, name="second", **QUICK_EXIT)
+            WorkerProcess(
+                data_dir,
+                pg_schema_url,
+                name="second",
+                args=("--metrics-port", str(port)),
+                AGENT_RUNTIME_METRICS_TOKEN="scrape",
+                **QUICK_EXIT,
+            )
         ).start()
         server.follow(run_id, state_is("succeeded", "failed"), timeout=60)
         before = http.get(f"/runs/{run_id}/trace").json()
         assert before["run"]["state"] == "succeeded", before["run"]
         assert "frozen in mid-transaction" in second.log_text()
+        # The worker's own counters, on its own port.
+        scraped = httpx.get(
+            f"http://127.0.0.1:{port}/metrics", headers={"Authorization": "Bearer scrape"}
+        )
+        assert "agent_runtime_frozen_sessions_ended_total 1" in scraped.text.splitlines()
 
         offset = first.log_path.stat().st_size
         first.resume()

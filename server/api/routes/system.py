@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import hmac
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, Header, Response
-from fastapi.responses import PlainTextResponse
+from fastapi import APIRouter, Depends, Response
 
 from graphs.run_graph import handoff_map
 from runtime.errors import Code, RuntimeProblem
-from server.api.deps import EngineDep, PrincipalDep, ServicesDep, StoreDep, get_principal
+from server.api.deps import EngineDep, PrincipalDep, StoreDep, get_principal
 from server.api.problems import PROBLEM_RESPONSES
-from server.auth.authenticate import unauthenticated
 
 router = APIRouter(responses=PROBLEM_RESPONSES)
 
@@ -59,39 +56,6 @@ async def get_artifact(artifact_id: str, store: StoreDep, principal: PrincipalDe
             "Cache-Control": "private, max-age=31536000, immutable",
         },
     )
-
-
-@router.get(
-    "/metrics",
-    tags=["health"],
-    response_class=PlainTextResponse,
-    responses={200: {"content": {"text/plain": {}}}},
-)
-async def metrics(
-    services: ServicesDep, authorization: Annotated[str | None, Header()] = None
-) -> str:
-    """Prometheus' text format, for a scraper holding ``AGENT_RUNTIME_METRICS_TOKEN``."""
-    expected = services.settings.metrics_token
-    if expected is None or not expected.get_secret_value():
-        raise RuntimeProblem(Code.NOT_FOUND, "metrics are not enabled on this server")
-    scheme, _, presented = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        presented.strip().encode(), expected.get_secret_value().encode()
-    ):
-        raise unauthenticated("GET /metrics needs the metrics token")
-    engine = services.engine
-    live = await services.store.count_live_runs()
-    return engine.metrics.render(
-        {
-            "drives_in_flight": [({}, engine.running())],
-            "runs": [({"state": state}, n) for state, n in live.items()],
-        }
-    )
-
-
-@router.get("/healthz", tags=["health"])
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
 
 
 @router.get("/readyz", tags=["health"], dependencies=[Depends(get_principal)])

@@ -1,0 +1,50 @@
+"""What a scraper and a liveness probe read: served by `serve` and, with
+``--metrics-port``, by each `worker` (whose counters live in its own process)."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import APIRouter, Header
+from fastapi.responses import PlainTextResponse
+
+from runtime.errors import Code, RuntimeProblem
+from server.api.deps import ServicesDep
+from server.api.problems import PROBLEM_RESPONSES
+from server.auth.authenticate import unauthenticated
+
+router = APIRouter(responses=PROBLEM_RESPONSES)
+
+
+@router.get(
+    "/metrics",
+    tags=["health"],
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {}}}},
+)
+async def metrics(
+    services: ServicesDep, authorization: Annotated[str | None, Header()] = None
+) -> str:
+    """Prometheus' text format, for a scraper holding ``AGENT_RUNTIME_METRICS_TOKEN``."""
+    expected = services.settings.metrics_token
+    if expected is None or not expected.get_secret_value():
+        raise RuntimeProblem(Code.NOT_FOUND, "metrics are not enabled on this server")
+    scheme, _, presented = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        presented.strip().encode(), expected.get_secret_value().encode()
+    ):
+        raise unauthenticated("GET /metrics needs the metrics token")
+    engine = services.engine
+    live = await services.store.count_live_runs()
+    return engine.metrics.render(
+        {
+            "drives_in_flight": [({}, engine.running())],
+            "runs": [({"state": state}, n) for state, n in live.items()],
+        }
+    )
+
+
+@router.get("/healthz", tags=["health"])
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
