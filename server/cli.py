@@ -89,16 +89,15 @@ def _logging(settings: Settings) -> None:
 
 async def _run_worker(settings: Settings, metrics_at: tuple[str, int] | None) -> None:
     from server.host import open_host
-    from server.worker_http import serve_probes
+    from server.worker_http import listen, serve_probes
 
+    sock = None if metrics_at is None else listen(*metrics_at)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with open_host(settings, run_worker=True) as host:
-        probes = (
-            None if metrics_at is None else asyncio.create_task(serve_probes(host, *metrics_at))
-        )
+        probes = None if sock is None else asyncio.create_task(serve_probes(host, sock))
         logging.getLogger(__name__).info("worker %s started", host.engine.owner)
         await stop.wait()
         if probes is not None:

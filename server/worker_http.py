@@ -4,6 +4,8 @@ where no `serve` can read them."""
 
 from __future__ import annotations
 
+import socket
+
 import uvicorn
 from fastapi import FastAPI
 
@@ -24,16 +26,24 @@ def probe_app(host: Host) -> FastAPI:
     return app
 
 
-async def serve_probes(host: Host, bind: str, port: int) -> None:
+def listen(bind: str, port: int) -> socket.socket:
+    """The probes' socket, bound before the worker claims anything: a port taken is a
+    start-up error, not a worker running without the metrics it was asked for."""
+    try:
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        return socket.create_server((bind, port), family=family)
+    except OSError as exc:
+        raise SystemExit(f"cannot serve metrics on {bind}:{port}: {exc.strerror}") from None
+
+
+async def serve_probes(host: Host, sock: socket.socket) -> None:
     """Until SIGTERM or SIGINT: uvicorn takes them while it serves and raises them again
     once it has stopped, for the worker's own handlers."""
     config = uvicorn.Config(
         probe_app(host),
-        host=bind,
-        port=port,
         log_level=host.settings.log_level,
         lifespan="off",
         http=ProblemHttpToolsProtocol,
         ws="none",
     )
-    await uvicorn.Server(config).serve()
+    await uvicorn.Server(config).serve(sockets=[sock])

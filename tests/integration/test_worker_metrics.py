@@ -5,6 +5,7 @@ gracefully with the port open."""
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 
 import httpx
@@ -77,3 +78,17 @@ def _answers(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_worker_whose_metrics_port_is_taken_does_not_start(
+    pg_schema_url: str, data_dir: Path, processes: Processes
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        worker = processes.add(
+            WorkerProcess(data_dir, pg_schema_url, args=("--metrics-port", str(port)))
+        ).start(wait=False)
+        assert worker.proc is not None
+        assert worker.proc.wait(30) != 0
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in worker.log_text()
+    assert "started" not in worker.log_text()  # it claimed nothing
