@@ -89,7 +89,7 @@ def _logging(settings: Settings) -> None:
 
 async def _run_worker(settings: Settings, metrics_at: tuple[str, int] | None) -> None:
     from server.host import open_host
-    from server.worker_http import listen, serve_probes
+    from server.worker_http import ProbeServer, listen, probe_app
 
     sock = None if metrics_at is None else listen(*metrics_at)
     stop = asyncio.Event()
@@ -97,11 +97,14 @@ async def _run_worker(settings: Settings, metrics_at: tuple[str, int] | None) ->
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with open_host(settings, run_worker=True) as host:
-        probes = None if sock is None else asyncio.create_task(serve_probes(host, sock))
+        probes = None
+        if sock is not None:
+            app = probe_app(settings, host.store, host.engine)
+            probes = ProbeServer(app, sock, settings.log_level, on_failure=stop.set)
         logging.getLogger(__name__).info("worker %s started", host.engine.owner)
         await stop.wait()
         if probes is not None:
-            await probes  # stopped by the same signal, or failed to start (it said why)
+            await probes.stop()
 
 
 def _server_command(args: argparse.Namespace) -> int:

@@ -1,27 +1,43 @@
 """A `worker`'s own HTTP for ``GET /metrics`` and ``GET /healthz`` (``--metrics-port``):
-its counters (drives, lease losses, frozen sessions it ended) live in its process,
+its counters (drives, lease losses, the frozen sessions it ended) live in its process,
 where no `serve` can read them."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import uvicorn
 from fastapi import FastAPI
 
+from runtime.engine import Engine
+from runtime.store.base import RunStore
 from server.api import problems
-from server.api.deps import Services
 from server.api.routes import probes
-from server.auth.authenticate import Authenticator
-from server.host import Host
+from server.settings import Settings
 from server.wire import ProblemHttpToolsProtocol
 
+log = logging.getLogger(__name__)
 
-def probe_app(host: Host) -> FastAPI:
+
+@dataclass
+class Counted:
+    """What the probes read (``server.api.routes.probes.Counts``), without the API's
+    authentication, which a worker does not configure."""
+
+    settings: Settings
+    store: RunStore
+    engine: Engine
+
+
+def probe_app(settings: Settings, store: RunStore, engine: Engine) -> FastAPI:
     app = FastAPI(title="agent-runtime worker", openapi_url=None, docs_url=None, redoc_url=None)
     problems.install(app)
-    auth = Authenticator(host.settings, host.store)  # unused: /metrics has its own token
-    app.state.services = Services(host.settings, host.store, host.engine, host.bus, auth)
+    app.state.services = Counted(settings, store, engine)
     app.include_router(probes.router)
     return app
 
@@ -36,14 +52,42 @@ def listen(bind: str, port: int) -> socket.socket:
         raise SystemExit(f"cannot serve metrics on {bind}:{port}: {exc.strerror}") from None
 
 
-async def serve_probes(host: Host, sock: socket.socket) -> None:
-    """Until SIGTERM or SIGINT: uvicorn takes them while it serves and raises them again
-    once it has stopped, for the worker's own handlers."""
-    config = uvicorn.Config(
-        probe_app(host),
-        log_level=host.settings.log_level,
-        lifespan="off",
-        http=ProblemHttpToolsProtocol,
-        ws="none",
-    )
-    await uvicorn.Server(config).serve(sockets=[sock])
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # The worker's handlers take SIGTERM and SIGINT and stop this server themselves.
+        yield
+
+
+class ProbeServer:
+    """Serves from the worker's start to its stop, on the worker's event loop; if it
+    fails meanwhile, it says so and stops the worker (``on_failure``), which was asked
+    to be observable."""
+
+    def __init__(
+        self, app: FastAPI, sock: socket.socket, log_level: str, on_failure: Callable[[], None]
+    ) -> None:
+        config = uvicorn.Config(
+            app,
+            log_level=log_level,
+            lifespan="off",
+            http=ProblemHttpToolsProtocol,
+            ws="none",
+            timeout_graceful_shutdown=1,  # a scrape in flight does not hold the worker's stop
+        )
+        self._server = _Server(config)
+        self._on_failure = on_failure
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="probes")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if self._server.should_exit:
+            return  # stopped, as asked
+        exc = None if task.cancelled() else task.exception()
+        log.error("the metrics server stopped on its own (%r); stopping the worker", exc)
+        self._on_failure()
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        with contextlib.suppress(Exception):  # a failure was logged as it happened
+            await self._task

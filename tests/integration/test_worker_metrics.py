@@ -13,7 +13,12 @@ import pytest
 
 from tests.integration.conftest import Processes, state_is
 from tests.integration.scale_out import QUICK_EXIT, create_run, wait_until
-from tests.integration.server_proc import ServerProcess, WorkerProcess, free_port
+from tests.integration.server_proc import (
+    ServerProcess,
+    WorkerProcess,
+    free_port,
+    worker_started,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -42,7 +47,7 @@ def test_a_worker_serves_its_own_metrics_to_the_scraper_only(
         run_id = create_run(http, agent_id="slow_worker", input="sleep 0")
         server.follow(run_id, state_is("succeeded", "failed"), timeout=60)
     wait_until(
-        lambda: "agent_runtime_drives_started_total 1" in scrape(port, "scrape").text,
+        lambda: "agent_runtime_drives_started_total 1" in scrape(port, "scrape").text.splitlines(),
         10,
         "the worker's drive in its metrics",
     )
@@ -65,9 +70,17 @@ def test_a_worker_serves_its_own_metrics_to_the_scraper_only(
 def test_without_the_token_setting_a_workers_metrics_are_not_served(
     pg_schema_url: str, data_dir: Path, processes: Processes
 ) -> None:
+    """(With an API authentication setting a server would refuse: a worker serves no
+    API, so its probes do not care.)"""
     port = free_port()
     processes.add(
-        WorkerProcess(data_dir, pg_schema_url, args=("--metrics-port", str(port)), **QUICK_EXIT)
+        WorkerProcess(
+            data_dir,
+            pg_schema_url,
+            args=("--metrics-port", str(port)),
+            AGENT_RUNTIME_JWT_HS256_SECRET="short",
+            **QUICK_EXIT,
+        )
     ).start()
     wait_until(lambda: _answers(port), 10, "the worker's port")
     assert scrape(port, "anything").status_code == 404
@@ -91,4 +104,4 @@ def test_a_worker_whose_metrics_port_is_taken_does_not_start(
         assert worker.proc is not None
         assert worker.proc.wait(30) != 0
     assert f"cannot serve metrics on 127.0.0.1:{port}" in worker.log_text()
-    assert "started" not in worker.log_text()  # it claimed nothing
+    assert not any(map(worker_started, worker.log_text().splitlines()))  # it claimed nothing

@@ -4,17 +4,35 @@
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from typing import Annotated, Protocol
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import PlainTextResponse
 
+from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
-from server.api.deps import ServicesDep
+from runtime.store.base import RunStore
 from server.api.problems import PROBLEM_RESPONSES
 from server.auth.authenticate import unauthenticated
+from server.settings import Settings
 
 router = APIRouter(responses=PROBLEM_RESPONSES)
+
+
+class Counts(Protocol):
+    """What the probes read: the API's services, or a worker's (``server.worker_http``)."""
+
+    settings: Settings
+    store: RunStore
+    engine: Engine
+
+
+def get_counts(request: Request) -> Counts:
+    counts: Counts = request.app.state.services
+    return counts
+
+
+CountsDep = Annotated[Counts, Depends(get_counts)]
 
 
 @router.get(
@@ -24,7 +42,7 @@ router = APIRouter(responses=PROBLEM_RESPONSES)
     responses={200: {"content": {"text/plain": {}}}},
 )
 async def metrics(
-    services: ServicesDep, authorization: Annotated[str | None, Header()] = None
+    services: CountsDep, authorization: Annotated[str | None, Header()] = None
 ) -> str:
     """Prometheus' text format, for a scraper holding ``AGENT_RUNTIME_METRICS_TOKEN``."""
     expected = services.settings.metrics_token
