@@ -31,7 +31,7 @@ from runtime.backend import settle_checkpointer
 from runtime.budget import Maxima, effective_limits
 from runtime.cancelling import CallSetting, CutOff, finish_cancel
 from runtime.checkpointer import LEASE
-from runtime.commands import Drive, RunCommands
+from runtime.commands import Drive
 from runtime.errors import CODES, Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.events import EventType
@@ -62,7 +62,7 @@ def _collected(task: asyncio.Future[None]) -> None:
         log.warning("work shielded from a stopped drive failed: %r", exc)
 
 
-class Engine(GraphDriving, RunCommands):
+class Engine(GraphDriving):
     def __init__(
         self,
         store: RunStore,

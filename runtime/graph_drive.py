@@ -1,7 +1,7 @@
 """A drive's graph run: from the run's checkpoint (or its input) through LangGraph's
 stream to where the graph parks for a human, ends, or is cut off by a cancel or its
-time budget. Mixed into :class:`runtime.engine.Engine`, which drives runs under
-leases around it (as :class:`runtime.commands.RunCommands` is)."""
+time budget. A base of :class:`runtime.engine.Engine`, which drives runs under leases
+around it, on :class:`runtime.commands.RunCommands`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from langgraph.types import Command, StateSnapshot
 
 from runtime.adapter import Adapter
 from runtime.cancelling import CallSetting, CutOff, fail_cut_off
-from runtime.commands import Drive
+from runtime.commands import Drive, RunCommands
 from runtime.context import Context
 from runtime.errors import Code
 from runtime.model import Approval, Run, Usage
@@ -73,18 +73,8 @@ def _resume_payload(approval: Approval) -> dict[str, Any]:
     }
 
 
-class GraphDriving:
+class GraphDriving(RunCommands):
     """The part of a drive inside the graph, and the drive's clock and cancel checks."""
-
-    store: RunStore
-    graphs: Mapping[str, Any]
-    owner: str
-    drives: dict[str, Drive]
-    _cancelling: set[str]
-
-    def wake(self) -> None:
-        """Tell the worker there may be a run to claim (the engine's)."""
-        raise NotImplementedError
 
     def _setting_of(self, agent_id: str) -> CallSetting:
         """The tools and memory a run of the agent calls with (the engine's)."""

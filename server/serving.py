@@ -9,7 +9,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from server.settings import Settings
-from server.wire import ProblemHttpToolsProtocol
+from server.wire import PROTOCOLS
 
 
 class Server(uvicorn.Server):
@@ -39,8 +39,7 @@ def serve(app: FastAPI, settings: Settings, host: str, port: int) -> None:
         port=port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
-        http=ProblemHttpToolsProtocol,  # malformed requests answered as problem+json too
-        ws="none",  # no WebSocket routes: an upgrade is an HTTP request (404 problem+json)
+        **PROTOCOLS,
     )
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn re-raises it once done
         Server(config, app).run()

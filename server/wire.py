@@ -5,6 +5,7 @@ protocol gives them the problem+json every other error has."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -32,3 +33,8 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
         )
         self.transport.write(b"".join(content))
         self.transport.close()
+
+
+PROTOCOLS: dict[str, Any] = {"http": ProblemHttpToolsProtocol, "ws": "none"}
+"""uvicorn's protocols for our servers: unparsable requests answered as problem+json;
+no WebSocket protocol (we serve no WebSocket route: an upgrade reaches the app, 404)."""

@@ -19,7 +19,7 @@ from runtime.store.base import RunStore
 from server.api import problems
 from server.api.routes import probes
 from server.settings import Settings
-from server.wire import ProblemHttpToolsProtocol
+from server.wire import PROTOCOLS
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,7 @@ class ProbeServer:
             app,
             log_level=log_level,
             lifespan="off",
-            http=ProblemHttpToolsProtocol,
-            ws="none",
+            **PROTOCOLS,
             timeout_graceful_shutdown=1,  # a scrape in flight does not hold the worker's stop
         )
         self._server = _Server(config)
