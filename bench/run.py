@@ -3,7 +3,7 @@
 Options: ``--reps N`` pairs per store for the overhead benchmark (default 25);
 ``--quick`` (or ``BENCH_QUICK=1`` in the environment) for fewer repetitions and
 2,000 instead of 10,000 parked runs; ``--only NAME`` (repeatable) to run some of
-overhead, checkpoint_size, http, parked, takeover.
+overhead, checkpoint_size, http, parked, takeover, backlog.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import psycopg
 from bench import (
     PG_URL,
     TOOL_STEPS,
+    backlog,
     checkpoint_size,
     http_throughput,
     markdown_table,
@@ -30,7 +31,7 @@ from bench import (
     takeover,
 )
 
-PARTS = ("overhead", "checkpoint_size", "http", "parked", "takeover")
+PARTS = ("overhead", "checkpoint_size", "http", "parked", "takeover", "backlog")
 
 
 def machine() -> list[tuple[str, str]]:
@@ -142,6 +143,17 @@ def main() -> None:
         print(markdown_table(takeover.HEADER, [tk.row()]), flush=True)
         if not tk.within_target:
             misses.append("takeover time")
+
+    if "backlog" in parts:
+        large = 20_000 if quick else backlog.LARGE
+        print(
+            f"\n## Large tables: median of {backlog.CLAIMS} claims of one run, "
+            "and of 10 reads of each page (context, no target)\n",
+            flush=True,
+        )
+        print(markdown_table(backlog.HEADER, [r.row() for r in backlog.measure(large)]))
+        print()
+        print(markdown_table(backlog.READS_HEADER, backlog.reads(large)), flush=True)
 
     print(f"\nLoad average at end: {load_line()}")
     print(f"Took {time.perf_counter() - t0:.0f} s.", end=" ")

@@ -72,7 +72,11 @@ class ApprovalQueries(StoreCore):
         next page, None on the last one."""
         where, params = ["1 = 1"], []
         if tenant_id is not None:
-            where.append("run_id IN (SELECT run_id FROM runs WHERE tenant_id = ?)")
+            # Each approval's run by key: SQLite read every run of the tenant for an IN.
+            where.append(
+                "EXISTS (SELECT 1 FROM runs WHERE runs.run_id = approvals.run_id "
+                "AND runs.tenant_id = ?)"
+            )
             params.append(tenant_id)
         if status:
             where.append("status = ?")

@@ -210,6 +210,9 @@ class StoreCore(ABC):
     for_update: str = ""
     now_sql: str
     skip_locked: str = ""
+    row_locks: bool = False
+    """Whether the dialect locks rows (``skip_locked``) and joins LATERAL subqueries:
+    PostgreSQL; SQLite serialises its writers instead."""
     notify_sql: str | None = None
     """A SELECT announcing (channel, payload) that can follow a CTE, where the dialect has one."""
 
@@ -217,6 +220,12 @@ class StoreCore(ABC):
         self._listeners: list[EventListener] = []
         self._fence: tuple[str, int] | None = None
         self._journal: Journal | None = None
+
+    def index_hint(self, index: str) -> str:
+        """What follows a table's name to make the planner read it by ``index``, where
+        the dialect takes hints (SQLite's planner, without statistics, would otherwise
+        sort every waiting run to find the first)."""
+        return ""
 
     # -- plumbing -------------------------------------------------------------
 
@@ -483,8 +492,10 @@ class StoreCore(ABC):
                 datetime.fromisoformat(at)
             except ValueError:
                 raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid") from None
-            where = [*where, f"({first} {op} ? OR ({first} = ? AND {second} {op} ?))"]
-            params = [*params, at, at, key]
+            # A row value, not (a < ? OR (a = ? AND b < ?)): both dialects read it as a
+            # range of the index, where the OR was a filter on every row before it.
+            where = [*where, f"({first}, {second}) {op} (?, ?)"]
+            params = [*params, at, key]
         async with self.read(runs=runs) as tx:
             rows = await tx.fetchall(
                 f"SELECT * FROM {table} WHERE {' AND '.join(where)} "

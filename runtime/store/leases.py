@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.store.core import (
@@ -31,6 +31,11 @@ lease it replaces. A released lease has none; one that expired unreleased names 
 worker that died or stalled (SQL's SET reads the row as it was), and counts one more
 takeover in a row. A worker taking back its own lease (it could not renew it) is
 neither. A release, or a drive that checkpoints a step, counts from zero again."""
+
+FEW_TENANTS = 300
+"""Tenants with waiting runs up to which a claim ranks each one's first runs alone
+(an index probe and a few rows apiece); past it, every waiting run (see
+``LeaseQueries._ranking``). Measured with ``python -m bench.backlog``."""
 
 SUSPECT_ROWS = "needs_drive = 1 AND (lease_owner IS NOT NULL OR takeovers > 0)"
 """The only waiting runs that can be suspects (the predicate of their partial index)."""
@@ -61,15 +66,8 @@ class LeaseQueries(StoreCore):
         # Tenants take turns: a tenant's waiting runs are ranked after the runs it has
         # under a live lease, so a worker whose slots free one at a time gives the next
         # one to the tenant with the fewest, not to the oldest run of a tenant's burst.
-        # The ranking reads only waiting and leased runs (partial indexes, migration 8)
-        # and hands the lock a short list in order.
         # One statement: the rows are locked (skipping those another worker is claiming
         # right now) and leased together, one round trip where the dialect autocommits.
-        # In a CTE, not an IN (subquery): PostgreSQL may re-run a subquery on the inner
-        # side of a join, and with SKIP LOCKED each re-run can lock other rows, so more
-        # than ``limit`` runs would be leased. A locking CTE runs once. The conditions
-        # are repeated on the locked rows: PostgreSQL rechecks those (not the ranking's
-        # snapshot) on a row another worker has just leased.
         now = self.now_sql
 
         def ready(runs: str) -> str:
@@ -80,23 +78,113 @@ class LeaseQueries(StoreCore):
             )
 
         rows = await self.write_once(
-            "WITH held AS (SELECT tenant_id, COUNT(*) AS n FROM runs "
-            f"WHERE lease_owner IS NOT NULL AND lease_expires_at >= {now} GROUP BY tenant_id), "
-            "waiting AS (SELECT run_id, tenant_id, updated_at, ROW_NUMBER() OVER "
-            "(PARTITION BY tenant_id ORDER BY updated_at, run_id) AS n "
-            f"FROM runs AS r WHERE {ready('r')}), "
-            "ranked AS (SELECT w.run_id, w.updated_at, w.n + COALESCE(h.n, 0) AS turn "
-            "FROM waiting AS w LEFT JOIN held AS h ON h.tenant_id = w.tenant_id "
-            "ORDER BY turn, w.updated_at, w.run_id LIMIT ?), "
-            "picked AS (SELECT runs.run_id FROM runs JOIN ranked ON ranked.run_id = runs.run_id "
-            f"WHERE {ready('runs')} "
-            f"ORDER BY ranked.turn, ranked.updated_at, runs.run_id LIMIT ?{self.skip_locked}) "
+            f"{self._ranking(ready)}, "
+            f"picked AS ({self._lock_ranked(ready)}) "
             f"UPDATE runs SET {TAKE_OVER}, lease_owner = ?, "
             f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
             "WHERE run_id IN (SELECT run_id FROM picked) RETURNING run_id, lease_version",
-            (limit + CLAIM_SPARE, limit, owner, owner, owner, lease_s),
+            (limit + CLAIM_SPARE, limit + CLAIM_SPARE, limit, owner, owner, owner, lease_s),
         )
         return [(row["run_id"], int(row["lease_version"])) for row in rows]
+
+    def _ranking(self, ready: Callable[[str], str]) -> str:
+        """``WITH`` … ``ranked``: the claim's first ``?`` candidates in turn order.
+
+        With few tenants waiting (:data:`FEW_TENANTS`), each one's first ``?`` waiting
+        runs from the index on (tenant_id, updated_at, run_id), never the backlog
+        behind them: a burst of a hundred thousand runs costs a claim what ten do. A
+        tenant's run past the claim's whole ranking cannot be in it: as many of its own
+        runs come first. With more tenants waiting, every waiting run is ranked, which
+        costs what the backlog is: walking every tenant would cost more still where
+        each has a run or two (BENCHMARKS.md §6), so the walk gives up at the bound.
+        """
+        leased = f"l.lease_owner IS NOT NULL AND l.lease_expires_at >= {self.now_sql}"
+        in_order = "(PARTITION BY w.tenant_id ORDER BY w.updated_at, w.run_id)"
+        # Each tenant with a run waiting, one index probe apiece: neither dialect skips
+        # through an index by itself (a loose index scan). Runs in flight or backing off
+        # are stepped over inside the index (its last column): tenants that are only
+        # being served do not count. The walk stops past FEW_TENANTS; ``few`` has a row
+        # only if it reached the end.
+        waiting_runs = (
+            f"runs AS r{self.index_hint('runs_waiting')} WHERE r.needs_drive = 1 "
+            f"AND (r.lease_expires_at IS NULL OR r.lease_expires_at < {self.now_sql})"
+        )
+        walk = (
+            "tenants(tenant_id, depth) AS ("
+            f"SELECT (SELECT r.tenant_id FROM {waiting_runs} ORDER BY r.tenant_id LIMIT 1), 1 "
+            f"UNION ALL SELECT (SELECT r.tenant_id FROM {waiting_runs} "
+            "AND r.tenant_id > t.tenant_id ORDER BY r.tenant_id LIMIT 1), t.depth + 1 "
+            f"FROM tenants AS t WHERE t.tenant_id IS NOT NULL AND t.depth <= {FEW_TENANTS:d}), "
+            "few AS (SELECT 1 FROM tenants WHERE tenant_id IS NULL)"
+        )
+        # Counted per tenant, not grouped over the table: a planner without fresh
+        # statistics (a backlog that arrived in the last minute) read every run for it.
+        held_few = (
+            "SELECT t.tenant_id, (SELECT COUNT(*) FROM runs AS l"
+            f"{self.index_hint('runs_leased')} WHERE l.tenant_id = t.tenant_id AND {leased}) "
+            "AS n FROM tenants AS t WHERE t.tenant_id IS NOT NULL"
+        )
+
+        def first(runs: str, columns: str) -> str:
+            return (
+                f"SELECT {columns} FROM runs AS {runs}{self.index_hint('runs_waiting')} "
+                f"WHERE {runs}.tenant_id = t.tenant_id AND {ready(runs)} "
+                f"ORDER BY {runs}.updated_at, {runs}.run_id LIMIT ?"
+            )
+
+        # Which branch runs is decided by a one-row table first in a CROSS JOIN, so that
+        # both dialects test it once before reading any run (SQLite tests a condition
+        # on nothing but a subquery again for every row it reads).
+        gate = "FROM (SELECT COUNT(*) AS c FROM few) AS g CROSS JOIN"
+        if self.row_locks:
+            firsts = (
+                f"{gate} tenants AS t CROSS JOIN LATERAL ({first('w', 'w.*')}) AS w WHERE g.c = 1"
+            )
+        else:  # SQLite has no LATERAL: each tenant's first run ids, then their rows by key
+            firsts = (
+                f"{gate} tenants AS t JOIN runs AS w "
+                f"ON w.run_id IN ({first('q', 'q.run_id')}) WHERE g.c = 1"
+            )
+        # Past FEW_TENANTS: every waiting run and every live lease in one window per
+        # tenant, leases first, so that a waiting run's number is its turn (its
+        # position plus the tenant's leases) without a join (SQLite joined the counts
+        # by scanning them again for every waiting run).
+        leases_then_runs = (
+            f"SELECT l.run_id, l.tenant_id, l.updated_at, 0 AS waiting {gate} "
+            f"runs AS l{self.index_hint('runs_leased')} WHERE g.c = 0 AND {leased} "
+            "UNION ALL SELECT w.run_id, w.tenant_id, w.updated_at, 1 AS waiting "
+            f"{gate} runs AS w WHERE g.c = 0 AND {ready('w')}"
+        )
+        return (
+            f"WITH RECURSIVE {walk}, held_few AS ({held_few}), "
+            "firsts AS (SELECT w.run_id, w.tenant_id, w.updated_at, "
+            f"ROW_NUMBER() OVER {in_order} AS n {firsts}), "
+            "everyone AS (SELECT w.run_id, w.updated_at, w.waiting, ROW_NUMBER() OVER "
+            "(PARTITION BY w.tenant_id ORDER BY w.waiting, w.updated_at, w.run_id) AS turn "
+            f"FROM ({leases_then_runs}) AS w), "
+            "ranked AS (SELECT run_id, updated_at, turn FROM ("
+            "SELECT w.run_id, w.updated_at, w.n + h.n AS turn FROM firsts AS w "
+            "JOIN held_few AS h ON h.tenant_id = w.tenant_id "
+            "UNION ALL SELECT run_id, updated_at, turn FROM everyone WHERE waiting = 1) AS u "
+            "ORDER BY turn, updated_at, run_id LIMIT ?)"
+        )
+
+    def _lock_ranked(self, ready: Callable[[str], str]) -> str:
+        """The first ``?`` ranked runs, locked where the dialect locks rows."""
+        if not self.row_locks:
+            # SQLite: the statement runs in a write transaction, no other claim between
+            # the ranking and the update.
+            return "SELECT run_id FROM ranked ORDER BY turn, updated_at, run_id LIMIT ?"
+        # In a CTE, not an IN (subquery): PostgreSQL may re-run a subquery on the inner
+        # side of a join, and with SKIP LOCKED each re-run can lock other rows, so more
+        # than ``limit`` runs would be leased. A locking CTE runs once. The conditions
+        # are repeated on the locked rows: PostgreSQL rechecks those (not the ranking's
+        # snapshot) on a row another worker has just leased.
+        return (
+            "SELECT runs.run_id FROM runs JOIN ranked ON ranked.run_id = runs.run_id "
+            f"WHERE {ready('runs')} "
+            f"ORDER BY ranked.turn, ranked.updated_at, runs.run_id LIMIT ?{self.skip_locked}"
+        )
 
     async def claim_suspect(
         self, owner: str, lease_s: float, max_takeovers: int

@@ -58,7 +58,13 @@ async def _configure(conn: AsyncConnection[DictRow]) -> None:
     # paused in the middle of a pipeline: the server is still reading that statement
     # batch ("active"), where no timeout of PostgreSQL 15 applies (17's
     # transaction_timeout would): workers end those (FROZEN_SQL).
-    await conn.execute("SET idle_in_transaction_session_timeout = '60s'")
+    # No JIT: ours are short statements, and a planner without fresh statistics (a
+    # backlog that arrived in the last minute) priced a claim above jit_above_cost,
+    # then spent 30 ms compiling a query that runs in one.
+    await conn.execute(
+        "SELECT set_config('idle_in_transaction_session_timeout', '60s', false), "
+        "set_config('jit', 'off', false)"
+    )
 
 
 APPLICATION_NAME = "agent-runtime"
@@ -144,6 +150,7 @@ class PostgresRunStore(PgSingleStatements):
     for_update = " FOR UPDATE"
     skip_locked = " FOR UPDATE OF runs SKIP LOCKED"  # the claim joins runs to a ranking
     now_sql = "EXTRACT(EPOCH FROM clock_timestamp())"
+    row_locks = True
     notify_sql = "SELECT pg_notify(?, ?)"
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[DictRow]]) -> None:

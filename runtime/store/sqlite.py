@@ -111,6 +111,9 @@ class SqliteRunStore(RunStore):
             _DirectTx(conn._conn) if direct else _ThreadTx(conn)
         )
 
+    def index_hint(self, index: str) -> str:
+        return f" INDEXED BY {index}"
+
     @classmethod
     async def open(cls, path: Path, *, direct: bool = True) -> SqliteRunStore:
         """``direct``: run statements on the loop's thread (:class:`_DirectTx`); False

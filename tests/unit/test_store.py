@@ -15,10 +15,21 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
 from runtime.model import Approval, utcnow
+from runtime.store import leases
 from runtime.store.base import RunStore
+from runtime.store.leases import CLAIM_SPARE
 from runtime.store.schema import MIGRATIONS
 from runtime.store.sqlite import SqliteRunStore
 from tests.unit.conftest import MakeRun, build_run
+
+
+@pytest.fixture(params=["per tenant", "whole backlog"])
+def ranking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A claim ranks each tenant's first runs while few tenants have runs waiting, and
+    every waiting run past ``leases.FEW_TENANTS``: claim tests run with both."""
+    if request.param == "whole backlog":
+        monkeypatch.setattr(leases, "FEW_TENANTS", 0)
+    return str(request.param)
 
 
 def store_of(backend: object) -> RunStore:
@@ -213,6 +224,20 @@ async def test_two_processes_can_open_one_postgres_database_at_once(pg_schema_ur
     assert not pending, "open_backend deadlocked"
 
 
+async def test_postgres_sessions_compile_nothing(pg_schema_url: str) -> None:
+    """Without fresh statistics (a burst of runs a minute ago) PostgreSQL priced a claim
+    over jit_above_cost and spent 30 ms compiling a 1 ms query: our sessions have JIT off."""
+    from runtime.backend import open_backend
+
+    opened = await open_backend(pg_schema_url)
+    try:
+        async with opened.store.pool.connection() as conn:  # type: ignore[attr-defined]
+            cur = await conn.execute("SELECT current_setting('jit') AS jit")
+            assert await cur.fetchone() == {"jit": "off"}
+    finally:
+        await opened.close()
+
+
 async def test_callers_cancelled_mid_transaction_leave_the_store_usable(backend: object) -> None:
     """An SSE client hanging up cancels a read inside its transaction; nothing may stick."""
     store = store_of(backend)
@@ -308,7 +333,9 @@ async def test_a_sqlite_write_waits_for_a_write_lock_another_connection_holds(
         await store.close()
 
 
-async def test_claims_take_turns_between_tenants(backend: object, make_run: MakeRun) -> None:
+async def test_claims_take_turns_between_tenants(
+    backend: object, make_run: MakeRun, ranking: str
+) -> None:
     """One tenant's backlog does not queue another tenant's run behind it: each claim
     takes every tenant's oldest waiting run before anyone's second."""
     store = store_of(backend)
@@ -334,7 +361,42 @@ async def test_claims_take_turns_between_tenants(backend: object, make_run: Make
     assert after == burst[3].run_id
 
 
-async def test_concurrent_claims_lease_each_run_once(backend: object, make_run: MakeRun) -> None:
+async def test_claims_reach_past_a_tenants_first_runs(
+    backend: object, make_run: MakeRun, ranking: str
+) -> None:
+    """A claim reads each tenant's first few waiting runs, not its whole backlog: the
+    runs behind those are claimed in their turn, in order, once the first are leased."""
+    store = store_of(backend)
+    start = utcnow() - timedelta(minutes=10)
+    busy = [
+        (await make_run(store, tenant_id="busy", created_at=start + timedelta(seconds=i))).run_id
+        for i in range(CLAIM_SPARE + 10)
+    ]
+    quiet = [
+        (
+            await make_run(store, tenant_id="quiet", created_at=start + timedelta(seconds=60 + i))
+        ).run_id
+        for i in range(2)
+    ]
+
+    first = await store.claim_runs("w0", 4, 30.0)
+    assert {run_id for run_id, _ in first} == {busy[0], busy[1], *quiet}
+    claims: list[set[str]] = []
+    for i in range(1, 20):
+        got = await store.claim_runs(f"w{i}", 4, 30.0)
+        if not got:
+            break
+        claims.append({run_id for run_id, _ in got})
+    # Every one, once, oldest first (a claim's own rows come back in no order), past the
+    # first CLAIM_SPARE + 1 a claim of one would rank.
+    rest = busy[2:]
+    assert claims == [set(rest[i : i + 4]) for i in range(0, len(rest), 4)]
+    assert await store.claim_runs("w-last", 4, 30.0) == []
+
+
+async def test_concurrent_claims_lease_each_run_once(
+    backend: object, make_run: MakeRun, ranking: str
+) -> None:
     store = store_of(backend)
     runs = {(await make_run(store, tenant_id=f"t{i % 3}")).run_id for i in range(24)}
     claims = await asyncio.gather(*(store.claim_runs(f"w{i}", 3, 30.0) for i in range(10)))
@@ -344,7 +406,7 @@ async def test_concurrent_claims_lease_each_run_once(backend: object, make_run: 
 
 
 async def test_a_live_lease_is_not_taken_even_by_its_owner(
-    backend: object, make_run: MakeRun
+    backend: object, make_run: MakeRun, ranking: str
 ) -> None:
     """A cancel takes a run nobody holds; a drive its own process claimed a moment
     before is not nobody (taking it would fence that drive out)."""
@@ -358,7 +420,7 @@ async def test_a_live_lease_is_not_taken_even_by_its_owner(
 
 
 async def test_a_failed_drive_is_claimable_again_only_after_its_backoff(
-    backend: object, make_run: MakeRun
+    backend: object, make_run: MakeRun, ranking: str
 ) -> None:
     store = store_of(backend)
     run = await make_run(store)
@@ -398,7 +460,7 @@ async def test_a_failed_drive_is_claimable_again_only_after_its_backoff(
 
 
 async def test_an_ended_run_takes_no_cancel_and_is_never_claimed_again(
-    backend: object, make_run: MakeRun
+    backend: object, make_run: MakeRun, ranking: str
 ) -> None:
     """A cancel that found the run live and wrote after it ended flagged it for driving;
     each drive found it ended and gave it back still flagged, so workers claimed it
@@ -483,7 +545,7 @@ async def test_approvals_of_an_older_store_get_their_tool_and_version_apart(
 
 
 async def test_a_lease_renewal_records_the_active_time_of_the_drive_holding_it(
-    backend: object, make_run: MakeRun
+    backend: object, make_run: MakeRun, ranking: str
 ) -> None:
     store = store_of(backend)
     run = await make_run(store)
@@ -508,7 +570,7 @@ async def test_a_lease_renewal_records_the_active_time_of_the_drive_holding_it(
 
 
 async def test_takeovers_count_in_a_row_until_a_drive_moves_the_run_on(
-    backend: object, make_run: MakeRun
+    backend: object, make_run: MakeRun, ranking: str
 ) -> None:
     """Each lease that expired unreleased counts, unless its own worker takes it back; a
     drive that checkpoints a step (clear_takeovers) or gives the run back starts the
@@ -559,7 +621,9 @@ async def test_takeovers_count_in_a_row_until_a_drive_moves_the_run_on(
     assert again == version + 1 and await takeovers() == (1, "w6")
 
 
-async def test_a_suspect_is_claimed_only_as_one(backend: object, make_run: MakeRun) -> None:
+async def test_a_suspect_is_claimed_only_as_one(
+    backend: object, make_run: MakeRun, ranking: str
+) -> None:
     """A run whose next grant would make ``max_takeovers`` in a row waits for a worker
     with nothing else to drive: neither a claim of several nor a cancel's take has it."""
     store = store_of(backend)
