@@ -21,6 +21,7 @@ from runtime.store.leases import CANCEL_CHANNEL, EVENTS_CHANNEL, WORK_CHANNEL
 from runtime.store.postgres import listen
 from runtime.worker import Worker
 from server.agents import load_agents
+from server.embedded import sole_host
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,18 @@ async def open_host(
     *,
     run_worker: bool = True,
 ) -> AsyncIterator[Host]:
+    """Raises :class:`server.embedded.EmbeddedInUse` where another live process
+    serves the same embedded database."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with sole_host(settings.resolved_database_url):
+        async with _open_host(settings, agents, run_worker=run_worker) as host:
+            yield host
+
+
+@asynccontextmanager
+async def _open_host(
+    settings: Settings, agents: Mapping[str, AgentSpec] | None, *, run_worker: bool
+) -> AsyncIterator[Host]:
     url = settings.resolved_database_url
     hosted = dict(agents) if agents is not None else load_agents(settings)
     backend = await open_backend(url, pool_size=settings.db_pool_size)
