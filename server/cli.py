@@ -114,23 +114,22 @@ def _server_command(args: argparse.Namespace) -> int:
     settings = Settings()
     _logging(settings)
     try:
-        # Asked first for `serve`'s sake, whose host opens inside uvicorn, which would
-        # answer with a traceback: the host holds it while it runs.
-        with sole_host(settings.resolved_database_url):
-            pass
-        if args.command == "serve":
-            from server.app import create_app
-            from server.serving import serve
+        # Held for the process's life from here, before uvicorn starts the app (whose
+        # host takes it over): a second start fails in one line, not in a traceback.
+        with sole_host(settings.resolved_database_url, host=False):
+            if args.command == "serve":
+                from server.app import create_app
+                from server.serving import serve
 
-            app = create_app(settings, run_worker=not args.no_worker)
-            serve(app, settings, args.host, args.port)
-        elif args.command == "worker":
-            if args.concurrency is not None:
-                settings.worker_concurrency = args.concurrency
-            metrics_at = (
-                None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
-            )
-            _event_loop_run()(_run_worker(settings, metrics_at))
+                app = create_app(settings, run_worker=not args.no_worker)
+                serve(app, settings, args.host, args.port)
+            elif args.command == "worker":
+                if args.concurrency is not None:
+                    settings.worker_concurrency = args.concurrency
+                metrics_at = (
+                    None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
+                )
+                _event_loop_run()(_run_worker(settings, metrics_at))
     except EmbeddedInUse as exc:
         print(f"agent-runtime {args.command}: {exc}", file=sys.stderr)
         return 2

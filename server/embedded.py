@@ -13,29 +13,44 @@ import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from runtime.backend import sqlite_path
 
+_locks: dict[Path, int] = {}
+"""The lock files this process holds, and the descriptor holding each."""
+_hosts: set[Path] = set()
+"""The embedded databases a host of this process serves."""
+
 
 class EmbeddedInUse(RuntimeError):
-    """Another live process serves this embedded database."""
+    """Another live process, or another host of this one, serves this embedded database."""
+
+
+def _forget_in_child() -> None:
+    # A child forked without exec (multiprocessing, a process pool in a tool) would
+    # share the lock and keep it after this process died. Closing its copy leaves the
+    # parent's hold as it is: the lock goes with the last descriptor of its open file.
+    for fd in _locks.values():
+        os.close(fd)
+    _locks.clear()
+    _hosts.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 @contextmanager
-def sole_host(database_url: str) -> Iterator[None]:
-    """Hold the embedded database at ``database_url`` for this process, or raise
-    :class:`EmbeddedInUse`; nothing for a PostgreSQL URL.
-
-    An advisory lock on a file beside the database (``<file>.host``), which the kernel
-    releases when the process dies however it dies, so a restart after SIGKILL takes it
-    at once. The lock file keeps the holder's pid, for the message.
-    """
-    if not database_url.startswith("sqlite:///"):
+def _process_hold(database: Path) -> Iterator[None]:
+    """An advisory lock on ``<file>.host`` beside the database, which the kernel drops
+    when the process dies however it dies: a restart after SIGKILL takes it at once.
+    The file keeps the holder's pid, for the message; deleting it while a process
+    holds it would let a second one in."""
+    lock_path = database.with_name(database.name + ".host")
+    if lock_path in _locks:  # held already: the CLI takes it before its host starts
         yield
         return
-    path = sqlite_path(database_url)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = path.with_name(path.name + ".host")
+    database.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
@@ -43,12 +58,39 @@ def sole_host(database_url: str) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
             raise EmbeddedInUse(
-                f"the embedded database {path} is served by another process"
+                f"the embedded database {database} is served by another process"
                 f"{f' (pid {holder})' if holder else ''}: stop it first, or set "
                 "AGENT_RUNTIME_DATABASE_URL to a PostgreSQL database to run several"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
+        _locks[lock_path] = fd
+        try:
+            yield
+        finally:
+            del _locks[lock_path]
     finally:
         os.close(fd)  # releases the lock
+
+
+@contextmanager
+def sole_host(database_url: str, *, host: bool = True) -> Iterator[None]:
+    """Hold the embedded database at ``database_url`` for this process and, with
+    ``host``, for one host of it; or raise :class:`EmbeddedInUse`. Nothing for a
+    PostgreSQL URL. The path is resolved first: a symlink to the file, or another
+    spelling of it, is the same database to SQLite."""
+    if not database_url.startswith("sqlite:///"):
+        yield
+        return
+    database = sqlite_path(database_url).resolve()
+    with _process_hold(database):
+        if not host:
+            yield
+            return
+        if database in _hosts:
+            raise EmbeddedInUse(f"the embedded database {database} is served by this process")
+        _hosts.add(database)
+        try:
+            yield
+        finally:
+            _hosts.discard(database)

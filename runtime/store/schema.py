@@ -207,16 +207,17 @@ MIGRATIONS: list[list[str]] = [
         # Pages of runs by tenant and state, by tenant and agent, and of approvals by
         # status, read in their order from an index: a tenant with 100,000 runs paid
         # 40-130 ms a page (a sort of every match, or a scan past every other row).
-        # The first and last replace indexes they begin with.
+        # Three replace indexes they begin with, dropped last: a DROP INDEX takes the
+        # table from readers too until the commit, a CREATE INDEX only from writers.
         "CREATE INDEX IF NOT EXISTS runs_tenant_state_page "
         "ON runs (tenant_id, state, created_at, run_id)",
-        "DROP INDEX IF EXISTS runs_tenant_state",
         "CREATE INDEX IF NOT EXISTS runs_tenant_agent "
         "ON runs (tenant_id, agent_id, created_at, run_id)",
         "CREATE INDEX IF NOT EXISTS runs_state_page ON runs (state, created_at, run_id)",
-        "DROP INDEX IF EXISTS runs_state",
         "CREATE INDEX IF NOT EXISTS approvals_status_page "
         "ON approvals (status, created_at, approval_id)",
+        "DROP INDEX IF EXISTS runs_tenant_state",
+        "DROP INDEX IF EXISTS runs_state",
         "DROP INDEX IF EXISTS approvals_status",
     ],
 ]
