@@ -53,24 +53,28 @@ def _process_hold(database: Path) -> Iterator[None]:
     database.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            raise EmbeddedInUse(
-                f"the embedded database {database} is served by another process"
-                f"{f' (pid {holder})' if holder else ''}: stop it first, or set "
-                "AGENT_RUNTIME_DATABASE_URL to a PostgreSQL database to run several"
-            ) from None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        _locks[lock_path] = fd
-        try:
-            yield
-        finally:
-            del _locks[lock_path]
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise EmbeddedInUse(
+            f"the embedded database {database} is served by another process"
+            f"{f' (pid {holder})' if holder else ''}: stop it first, or set "
+            "AGENT_RUNTIME_DATABASE_URL to a PostgreSQL database to run several"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    _locks[lock_path] = fd
+    try:
+        yield
     finally:
-        os.close(fd)  # releases the lock
+        # (A forked child that leaves the block has closed its copy already.)
+        if _locks.get(lock_path) == fd:
+            del _locks[lock_path]
+            os.close(fd)  # releases the lock
 
 
 @contextmanager
