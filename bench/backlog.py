@@ -35,10 +35,9 @@ import psycopg
 
 from bench import markdown_table, pg_schema
 from runtime.backend import open_backend
-from runtime.budget import Maxima, effective_limits
-from runtime.lifecycle import State
-from runtime.model import Run, RunContext, RunOptions, utcnow
+from runtime.model import Run
 from runtime.store.base import RunStore
+from tests.unit.conftest import build_run
 
 LARGE = 100_000
 CLAIMS = 30
@@ -96,19 +95,8 @@ class Result:
 
 
 def template_run() -> Run:
-    now = utcnow()
-    options = RunOptions()
-    return Run(
-        run_id="bench-template",
-        agent_id="bench",
-        input="claim me",
-        context=RunContext(user_id="u", tenant_id="t0", scope=[]),
-        options=options,
-        state=State.PENDING,
-        limits=effective_limits(options, Maxima()),
-        created_at=now,
-        updated_at=now,
-    )
+    """A pending run as the engine builds it (the unit tests' builder), under a fixed id."""
+    return build_run(tenant_id="t0").model_copy(update={"run_id": "bench-template"})
 
 
 def copy_sql(columns: list[str], count: int, tenants: int, dialect: str, prefix: str) -> str:

@@ -16,6 +16,7 @@ from tests.integration.scale_out import QUICK_EXIT, create_run, wait_until
 from tests.integration.server_proc import (
     ServerProcess,
     WorkerProcess,
+    answers,
     free_port,
     worker_started,
 )
@@ -34,15 +35,9 @@ def test_a_worker_serves_its_own_metrics_to_the_scraper_only(
     server = processes.add(ServerProcess(data_dir, pg_schema_url, no_worker=True)).start()
     port = free_port()
     worker = processes.add(
-        WorkerProcess(
-            data_dir,
-            pg_schema_url,
-            args=("--metrics-port", str(port)),
-            AGENT_RUNTIME_METRICS_TOKEN="scrape",
-            **QUICK_EXIT,
-        )
+        metrics_worker(data_dir, pg_schema_url, port, AGENT_RUNTIME_METRICS_TOKEN="scrape")
     ).start()
-    wait_until(lambda: _answers(port), 10, "the worker's port")
+    wait_until(lambda: serving(port), 10, "the worker's port")
     with server.client() as http:
         run_id = create_run(http, agent_id="slow_worker", input="sleep 0")
         server.follow(run_id, state_is("succeeded", "failed"), timeout=60)
@@ -74,23 +69,21 @@ def test_without_the_token_setting_a_workers_metrics_are_not_served(
     API, so its probes do not care.)"""
     port = free_port()
     processes.add(
-        WorkerProcess(
-            data_dir,
-            pg_schema_url,
-            args=("--metrics-port", str(port)),
-            AGENT_RUNTIME_JWT_HS256_SECRET="short",
-            **QUICK_EXIT,
-        )
+        metrics_worker(data_dir, pg_schema_url, port, AGENT_RUNTIME_JWT_HS256_SECRET="short")
     ).start()
-    wait_until(lambda: _answers(port), 10, "the worker's port")
+    wait_until(lambda: serving(port), 10, "the worker's port")
     assert scrape(port, "anything").status_code == 404
 
 
-def _answers(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+def serving(port: int) -> bool:
+    return answers(f"http://127.0.0.1:{port}/healthz")
+
+
+def metrics_worker(data_dir: Path, url: str, port: int, **env: str) -> WorkerProcess:
+    """A worker serving its probes on ``port``, quick to exit, with ``env``."""
+    worker = WorkerProcess(data_dir, url, args=("--metrics-port", str(port)), **QUICK_EXIT)
+    worker.env.update(env)
+    return worker
 
 
 def test_a_worker_whose_metrics_port_is_taken_does_not_start(
