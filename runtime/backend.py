@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +31,9 @@ class Backend:
     memory: BaseStore
     """LangGraph's store: users' long-term memory (runtime.memory)."""
     close: Callable[[], Awaitable[None]]
+    sessions: Container[int] = frozenset()
+    """PostgreSQL backend pids of this process's sessions: a NOTIFY from one of them is
+    a commit of ours, which the store has announced in process already."""
 
 
 def sqlite_path(url: str) -> Path:
@@ -82,7 +85,7 @@ async def open_backend(url: str, pool_size: int = 10) -> Backend:
         except BaseException:  # a migration refused, say: the pool's connections too
             await pool.close()
             raise
-        return Backend(pg_store, pg_saver, pg_memory, pg_store.close)
+        return Backend(pg_store, pg_saver, pg_memory, pg_store.close, pool.sessions)
     raise ValueError(f"unsupported database URL {url!r}: use sqlite:///… or postgresql://…")
 
 

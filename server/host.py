@@ -102,6 +102,8 @@ async def _open_host(
                         engine.on_cancel_notice(run_id) if run_id else None
                     ),
                 },
+                own_sessions=backend.sessions,
+                late_echoes={EVENTS_CHANNEL},
             ),
             name="listen",
         )

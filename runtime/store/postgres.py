@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Container, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -97,19 +97,34 @@ write fails and is retried.) Only sessions this role may signal
 (``pg_terminate_backend`` would fail the query)."""
 
 
-async def open_pool(url: str, max_size: int = 10) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
-    kwargs = dict(CONNECTION_KWARGS)
-    if "application_name" not in conninfo_to_dict(url):
-        kwargs["application_name"] = APPLICATION_NAME
-    pool: AsyncConnectionPool[AsyncConnection[DictRow]] = AsyncConnectionPool(
-        url,
-        min_size=1,
-        max_size=max_size,
-        kwargs=kwargs,
-        open=False,
-        connection_class=AsyncConnection[DictRow],
-        configure=_configure,
-    )
+class SessionPool(AsyncConnectionPool[AsyncConnection[DictRow]]):
+    """The process's pool, knowing the server process id of every session it opened:
+    a NOTIFY one of them sent is this process's own commit, come back."""
+
+    def __init__(self, url: str, max_size: int) -> None:
+        kwargs = dict(CONNECTION_KWARGS)
+        if "application_name" not in conninfo_to_dict(url):
+            kwargs["application_name"] = APPLICATION_NAME
+        self.sessions: set[int] = set()
+        """Backend pids of the sessions opened (closed ones stay: a pid reused by another
+        process's session costs that one's notices a short delay here, nothing more)."""
+        super().__init__(
+            url,
+            min_size=1,
+            max_size=max_size,
+            kwargs=kwargs,
+            open=False,
+            connection_class=AsyncConnection[DictRow],
+            configure=self._configure,
+        )
+
+    async def _configure(self, conn: AsyncConnection[DictRow]) -> None:
+        await _configure(conn)
+        self.sessions.add(conn.info.backend_pid)
+
+
+async def open_pool(url: str, max_size: int = 10) -> SessionPool:
+    pool = SessionPool(url, max_size)
     await pool.open(wait=True, timeout=10)
     return pool
 
@@ -320,13 +335,29 @@ class PostgresRunStore(PgSingleStatements):
 
 Handler = Callable[[str], None]
 
+ECHO_DELAY_S = 0.25
+"""How late a notice sent by one of our own sessions reaches a handler that asks for it.
+The writer of that commit announces it in process itself, with the event rows, once its
+commit returns; the notice often arrives first (one socket read against the rest of the
+writer's pipeline) and would send every event stream to read the log for rows on their
+way. Late, it is the fallback for a writer cut off between its commit and that."""
 
-async def listen(url: str, handlers: Mapping[str, Handler]) -> None:
-    """LISTEN on each channel and call its handler with every payload, forever.
+
+async def listen(
+    url: str,
+    handlers: Mapping[str, Handler],
+    *,
+    own_sessions: Container[int] = frozenset(),
+    late_echoes: Collection[str] = (),
+) -> None:
+    """LISTEN on each channel and call its handler with every payload, forever; on the
+    ``late_echoes`` channels, those sent by ``own_sessions`` (backend pids) ECHO_DELAY_S
+    later.
 
     Runs on its own connection (a pooled one would be handed to others between
     notifications) and reconnects after the database comes back.
     """
+    loop = asyncio.get_running_loop()
     delay = 0.2
     while True:
         try:
@@ -340,7 +371,11 @@ async def listen(url: str, handlers: Mapping[str, Handler]) -> None:
                     handler("")
                 async for notice in conn.notifies():
                     on_notice = handlers.get(notice.channel)
-                    if on_notice is not None:
+                    if on_notice is None:
+                        continue
+                    if notice.channel in late_echoes and notice.pid in own_sessions:
+                        loop.call_later(ECHO_DELAY_S, on_notice, notice.payload)
+                    else:
                         on_notice(notice.payload)
         except asyncio.CancelledError:
             raise
