@@ -27,6 +27,14 @@ ESCAPED = "~.%_*?[\x00"
 a dot), and LIKE's and GLOB's wildcards, should a store ever match without escaping."""
 
 
+MAX_KEY = 1000
+"""Characters of a key; MAX_LABEL of a sub-namespace label, MAX_DEPTH labels at most. A
+memory is written only within what the API can name, so that its user can see each one
+and have it erased on its own (``DELETE /memory/{key}``)."""
+MAX_LABEL = 200
+MAX_DEPTH = 8
+
+
 def label(text: str) -> str:
     """A namespace label for ``text``: never empty (BaseStore forbids that), escaped
     reversibly, so two ids never share one."""
@@ -48,6 +56,13 @@ class Memory:
         return None if item is None else dict(item.value)
 
     async def put(self, key: str, value: dict[str, Any], *sub: str) -> None:
+        if not 1 <= len(key) <= MAX_KEY:
+            raise ValueError(f"a memory key has 1 to {MAX_KEY} characters")
+        if len(sub) > MAX_DEPTH or not all(1 <= len(s) <= MAX_LABEL for s in sub):
+            raise ValueError(
+                f"a memory's sub-namespace has at most {MAX_DEPTH} labels"
+                f" of 1 to {MAX_LABEL} characters"
+            )
         await self._store.aput(self._namespace(sub), key, value, index=False)
 
     async def delete(self, key: str, *sub: str) -> None:

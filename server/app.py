@@ -43,6 +43,10 @@ def create_app(
         version="0.1.0",
         description="Durable, auditable runs of enterprise LLM agents on LangGraph.",
         lifespan=lifespan,
+        # No 307 from /memory/ to /memory: a client that follows it (most do, DELETE
+        # included) would erase every memory of the user, not the item it named; and
+        # its Location would echo the request's Host. A path we do not serve is a 404.
+        redirect_slashes=False,
     )
     problems.install(app)
 

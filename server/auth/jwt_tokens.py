@@ -85,7 +85,10 @@ class JwtVerifier:
         if not _name(claims["sub"]):
             raise JwtError("token has no usable sub claim")
         roles = claims.get("roles") or []
-        scopes = claims.get("scopes") or str(claims.get("scope") or "").split()
+        scope = claims.get("scope")
+        if scope is not None and not isinstance(scope, str):
+            raise JwtError("scope must be a space-separated string")
+        scopes = claims.get("scopes") or (scope or "").split()
         if not isinstance(roles, list) or not isinstance(scopes, list):
             raise JwtError("roles and scopes must be lists")
         if not all(_name(name) for name in (*roles, *scopes)):

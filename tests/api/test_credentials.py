@@ -101,6 +101,9 @@ async def test_api_key_lifecycle(api: Api) -> None:
         (lambda: jwt.encode(claims(scope="east\x00west"), TEST_JWT_SECRET), "names"),
         (lambda: jwt.encode(claims(scopes=["east", 1]), TEST_JWT_SECRET), "names"),
         (lambda: jwt.encode(claims(roles=[{"a": 1}]), TEST_JWT_SECRET), "names"),
+        # Not read as str(5) or str(["a"]): a scope claim is a space-separated string.
+        (lambda: jwt.encode(claims(scope=5), TEST_JWT_SECRET), "scope"),
+        (lambda: jwt.encode(claims(scope=["east"]), TEST_JWT_SECRET), "scope"),
     ],
 )
 async def test_bad_jwts_are_401(api: Api, make: Any, why: str) -> None:

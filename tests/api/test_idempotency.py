@@ -91,3 +91,10 @@ async def test_an_empty_key_is_refused(api: Api) -> None:
     assert resp.status_code == 422 and resp.json()["code"] == "VALIDATION_ERROR"
     runs, _ = await api.engine_services.store.list_runs()
     assert runs == []
+
+
+async def test_a_key_header_must_be_printable_ascii(api: Api) -> None:
+    # Read as latin-1, "café" would become "cafÃ©": another key than the same in the body.
+    resp = await api.client.post("/runs", json=BODY, headers={b"Idempotency-Key": "café".encode()})
+    assert resp.status_code == 422 and resp.json()["code"] == "VALIDATION_ERROR"
+    assert (await api.client.get("/runs")).json()["items"] == []

@@ -159,3 +159,41 @@ async def test_a_sub_namespace_label_is_bounded(api: Api) -> None:
     too_long = await api.client.get("/memory", params={"sub": "x" * 201})
     problem(too_long, 422, "VALIDATION_ERROR")
     problem(await api.client.get("/memory", params={"sub": ""}), 422, "VALIDATION_ERROR")
+
+
+async def test_a_slash_after_memory_erases_nothing(api: Api) -> None:
+    # Starlette's default answered /memory/ with a 307 to /memory, which a client that
+    # follows redirects (DELETE included) then sent: every memory of the user erased.
+    assert api.engine.memory is not None
+    mine = Memory(api.engine.memory, OPS_TENANT, OPS_USER)
+    await mine.put("size", {"value": "L"})
+
+    resp = await api.client.delete("/memory/", follow_redirects=True)
+    problem(resp, 422, "VALIDATION_ERROR")
+    assert resp.history == []
+    problem(await api.client.get("/runs/", follow_redirects=True), 404, "NOT_FOUND")
+    assert await mine.items() == {"size": {"value": "L"}}
+
+
+async def test_every_key_listed_can_be_forgotten_on_its_own(api: Api) -> None:
+    assert api.engine.memory is not None
+    mine = Memory(api.engine.memory, OPS_TENANT, OPS_USER)
+    long_key = "k" * 1000
+    for key in ("a/b", long_key, "keep"):
+        await mine.put(key, {"v": key[:3]})
+    assert set((await api.client.get("/memory")).json()) == {"a/b", long_key, "keep"}
+
+    assert (await api.client.delete("/memory/a%2Fb")).status_code == 204
+    assert (await api.client.delete(f"/memory/{long_key}")).status_code == 204
+    assert set((await api.client.get("/memory")).json()) == {"keep"}
+
+
+async def test_a_memory_the_api_could_not_name_is_not_written() -> None:
+    mine = Memory(InMemoryStore(), "t", "u")
+    for key, sub in [("", ()), ("k" * 1001, ()), ("k", ("x" * 201,)), ("k", ("s",) * 9)]:
+        try:
+            await mine.put(key, {"v": 1}, *sub)
+        except ValueError:
+            continue
+        raise AssertionError(f"kept key {key[:10]!r} under {len(sub)} labels")
+    await mine.put("k" * 1000, {"v": 1}, *(["x" * 200] * 8))

@@ -15,7 +15,7 @@ from pydantic import StringConstraints
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.ids import content_hash
-from runtime.memory import Memory
+from runtime.memory import MAX_DEPTH, MAX_KEY, MAX_LABEL, Memory
 from runtime.store.audit import AuditAction
 from runtime.store.core import decode_cursor, encode_cursor
 from server.api.deps import EngineDep, PrincipalDep
@@ -27,8 +27,8 @@ from server.auth.principal import ADMIN
 router = APIRouter(tags=["memory"], responses=PROBLEM_RESPONSES)
 
 UserQuery = Annotated[str | None, Query(min_length=1, max_length=200)]
-Label = Annotated[str, StringConstraints(min_length=1, max_length=200)]
-SubQuery = Annotated[list[Label] | None, Query(max_length=8)]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL)]
+SubQuery = Annotated[list[Label] | None, Query(max_length=MAX_DEPTH)]
 
 
 def memory_of(engine: EngineDep, principal: Principal, user_id: str | None) -> Memory:
@@ -95,9 +95,10 @@ async def list_memory(
     return items
 
 
-@router.delete("/memory/{key}", status_code=204)
+# ``:path``: a key may hold "/" (sent as is or as %2F), and any key listed can be erased.
+@router.delete("/memory/{key:path}", status_code=204)
 async def forget_one(
-    key: Annotated[str, Path(min_length=1, max_length=200)],
+    key: Annotated[str, Path(min_length=1, max_length=MAX_KEY)],
     engine: EngineDep,
     principal: PrincipalDep,
     user_id: UserQuery = None,

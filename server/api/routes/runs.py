@@ -86,7 +86,11 @@ async def create_run(
     engine: EngineDep,
     services: ServicesDep,
     principal: PrincipalDep,
-    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+    # Printable ASCII: a header arrives as bytes, read as latin-1, so "café" would be
+    # stored as "cafÃ©" and name another run than the same key in the body.
+    idempotency_key: Annotated[
+        str | None, Header(min_length=1, max_length=200, pattern=r"^[\x20-\x7e]+$")
+    ] = None,
     # Read with every Prefer line by wait_preference; declared for the API's docs.
     _prefer: Annotated[str | None, Header(alias="prefer", description=PREFER_WAIT)] = None,
 ) -> Any:
