@@ -51,8 +51,14 @@ async def side_effects(store: RunStore, run_id: str) -> tuple[list[str], list[st
             r.status in ("succeeded", "unknown")
             # Cut off by a cancel: it may have taken effect, unless reconcile said not.
             or (r.status == "cancelled" and (r.error or {}).get("took_effect") is not False)
-            # A handler that started and then failed may have done its effect first.
-            or (r.status == "failed" and r.attempts > 0 and (r.error or {}).get("code") in maybe)
+            # A handler that started and then failed may have done its effect first
+            # (unless reconcile, asked with the call cut off, said not).
+            or (
+                r.status == "failed"
+                and r.attempts > 0
+                and (r.error or {}).get("code") in maybe
+                and (r.error or {}).get("took_effect") is not False
+            )
         )
     ]
     return happened, [r.tool_call_id for r in rows if r.compensated]

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import random
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel
@@ -369,19 +370,27 @@ async def _run_claimed(
     failpoints.hit("tool.after", spec.name)
     if (
         status == "failed"
-        and (error or {}).get("code") == Code.TOOL_UNAVAILABLE
+        and error is not None
+        and error.get("code") == Code.TOOL_UNAVAILABLE
         and spec.side_effect
         and not spec.idempotent
     ):
-        found = await _reconcile(spec, args, tctx) if spec.reconcile is not None else None
-        if found is not None:
-            status, output, error = "succeeded", found, None
-        elif spec.reconcile is None:
+        if spec.reconcile is None:
             status = "unknown"
             error = {
                 "code": Code.TOOL_OUTCOME_UNKNOWN,
-                "message": f"{(error or {}).get('message')}; the effect may have happened",
+                "message": f"{error.get('message')}; the effect may have happened",
             }
+        else:
+            # Timed out, or given up on by its own handler: work it started may still
+            # land (a thread, a request in flight), and this answer is final (the call
+            # is not run again under its key), as after a cancel: ``cut_off``.
+            found = await _reconcile(spec, args, replace(tctx, cut_off=True))
+            if found is not None:
+                status, output, error = "succeeded", found, None
+            else:
+                error = {**error, "message": f"{error['message']}; it took no effect"}
+                error["took_effect"] = False
     # Once the handler has returned, its outcome must reach the ledger, and before a
     # cancellation goes on: a cancel then settles the calls it finds still running.
     return await to_the_end(

@@ -43,9 +43,10 @@ class ToolContext:
     """The run's user's long-term memory (runtime.memory); None where the graph runs
     without a store."""
     cut_off: bool = False
-    """Set for ``reconcile`` when a cancel or the run's time budget cut the call off:
-    its handler may still be finishing out of the runtime's reach (a thread, a request
-    in flight), and the answer is final. Where the effect has not landed, reconcile
+    """Set for ``reconcile`` when a cancel, the run's time budget or the tool's own
+    timeout cut the call off, or its handler gave up (``ToolUnavailable``): work it
+    started may still be finishing out of the runtime's reach (a thread, a request in
+    flight), and the answer is final. Where the effect has not landed, reconcile
     must see that it never does (void the idempotency key) or say it took place."""
 
 

@@ -126,6 +126,21 @@ class ApprovalQueries(StoreCore):
                 raise RuntimeProblem(Code.APPROVAL_NOT_FOUND, f"approval {approval_id} not found")
             won = row["status"] == "pending"
             if won:
+                run = None
+                if decision != "expired":
+                    run = await tx.fetchone(
+                        "SELECT state, cancel_requested FROM runs "
+                        f"WHERE run_id = ?{self.for_update}",
+                        (row["run_id"],),
+                    )
+                    if run is not None and run["cancel_requested"] is not None:
+                        # Accepted while no worker was there to carry it out: a decision
+                        # now would say the run resumes, and it never will.
+                        raise RuntimeProblem(
+                            Code.RUN_STATE_CONFLICT,
+                            f"run {row['run_id']} is being cancelled: its approvals are not"
+                            " decided any more",
+                        )
                 now = _ts()
                 decided = await tx.fetchone(
                     "UPDATE approvals SET status = ?, decided_by = ?, comment = ?, "
@@ -145,25 +160,20 @@ class ApprovalQueries(StoreCore):
                         **({"via": via} if via else {}),
                     },
                 )
-                if decision != "expired":
-                    run = await tx.fetchone(
-                        f"SELECT state FROM runs WHERE run_id = ?{self.for_update}",
-                        (row["run_id"],),
-                    )
-                    if run is not None and run["state"] == State.WAITING_HUMAN.value:
-                        fields: dict[str, Any] = {"needs_drive": 1}
-                        if decision == "approved":
-                            await self._transition(
-                                tx,
-                                row["run_id"],
-                                Trigger.APPROVED,
-                                State.WAITING_HUMAN,
-                                (),
-                                {**fields, "pending_approval": None},
-                            )
-                        else:
-                            await self._update_run(tx, row["run_id"], **fields)
-                        await self._announce(tx, WORK_CHANNEL, row["run_id"])
+                if run is not None and run["state"] == State.WAITING_HUMAN.value:
+                    fields: dict[str, Any] = {"needs_drive": 1}
+                    if decision == "approved":
+                        await self._transition(
+                            tx,
+                            row["run_id"],
+                            Trigger.APPROVED,
+                            State.WAITING_HUMAN,
+                            (),
+                            {**fields, "pending_approval": None},
+                        )
+                    else:
+                        await self._update_run(tx, row["run_id"], **fields)
+                    await self._announce(tx, WORK_CHANNEL, row["run_id"])
                 row = decided  # locked above: the update cannot have missed
         assert row is not None
         return Approval.model_validate(_dec(row)), won

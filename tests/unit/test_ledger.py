@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from runtime import ids
+from runtime.adapter import side_effects
 from runtime.ledger import (
     INLINE_OUTPUT_BYTES,
     ReconcileFailed,
@@ -304,3 +305,55 @@ async def test_a_failing_reconcile_does_not_carry_the_secret_out() -> None:
 
     assert secret not in str(info.value) and REDACTED in str(info.value)
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+class Remote:
+    """A system whose effect lands a moment after the request, once per key, unless the
+    key was voided first (what the demo's publish does with its outbox)."""
+
+    def __init__(self) -> None:
+        self.landed: list[str] = []
+        self.voided: set[str] = set()
+        self.asked: list[bool] = []  # ctx.cut_off of each reconcile
+
+    async def _land(self, key: str) -> None:
+        await asyncio.sleep(0.2)
+        if key not in self.voided:
+            self.landed.append(key)
+
+    def spec(self, fail: Exception | None = None) -> ToolSpec:
+        async def handler(args: Args, ctx: ToolContext) -> Any:
+            # Out of the handler's reach once sent, as a thread or a request in flight.
+            asyncio.get_running_loop().create_task(self._land(ctx.idempotency_key))
+            if fail is not None:
+                raise fail
+            await asyncio.sleep(10)
+
+        async def reconcile(args: Args, ctx: ToolContext) -> Any:
+            self.asked.append(ctx.cut_off)
+            if ctx.idempotency_key in self.landed:
+                return {"landed": True}
+            if ctx.cut_off:
+                self.voided.add(ctx.idempotency_key)
+            return None
+
+        return ToolSpec(
+            "pay", "1", "pays", Args, handler, side_effect=True, idempotent=False,
+            timeout_s=0.05, reconcile=reconcile,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["timeout", "unavailable"])
+async def test_a_call_given_up_on_is_reconciled_as_cut_off(h: Harness, how: str) -> None:
+    remote = Remote()
+    spec = remote.spec(ToolUnavailable("gateway timeout") if how == "unavailable" else None)
+
+    row = await h.execute(spec)
+    await asyncio.sleep(0.3)  # past the moment the effect would land
+
+    # Reconcile was told its answer is final, voided the key, and nothing landed late:
+    # the record's "it took no effect" is the truth, and the run lists no side effect.
+    assert remote.asked == [True] and remote.landed == []
+    assert row.status == "failed" and row.error is not None
+    assert row.error["code"] == "TOOL_UNAVAILABLE" and row.error["took_effect"] is False
+    assert await side_effects(h.store, h.run_id) == ([], [])

@@ -357,6 +357,39 @@ async def test_a_run_ending_while_a_human_decides_does_not_deadlock(
         assert final is not None and final.status == ("expired" if expired else "approved")
 
 
+async def test_a_run_whose_cancel_was_accepted_takes_no_decision(
+    backend: object, make_run: MakeRun
+) -> None:
+    """Cancelled while parked with no worker to carry it out: a human's decision would
+    say the run resumes (and move it to executing), and it never will. Refused; the
+    cancel's own drive expires the approval."""
+    store = store_of(backend)
+    run = await make_run(store, state=State.WAITING_HUMAN)
+    approval = pending_approval(run.run_id, "ap-cancelled")
+    await store.ensure_approval(approval, {"approval_id": approval.approval_id})
+    assert await store.request_cancel(run.run_id, "stop", False)
+    seen = len(await store.list_events(run.run_id))
+
+    for decision in ("approved", "rejected"):
+        with pytest.raises(RuntimeProblem) as refused:
+            await store.decide_approval(
+                approval.approval_id,
+                decision,
+                decided_by="u",
+                comment=None,  # type: ignore[arg-type]
+            )
+        assert refused.value.code is Code.RUN_STATE_CONFLICT
+
+    still = await store.get_run(run.run_id)
+    assert still is not None and still.state is State.WAITING_HUMAN
+    assert (await store.get_approval(approval.approval_id)).status == "pending"  # type: ignore[union-attr]
+    assert len(await store.list_events(run.run_id)) == seen
+    _, expired = await store.decide_approval(
+        approval.approval_id, "expired", decided_by="runtime", comment="run ended"
+    )
+    assert expired
+
+
 async def test_a_sqlite_write_waits_for_a_write_lock_another_connection_holds(
     tmp_path: Path, make_run: MakeRun
 ) -> None:
