@@ -84,14 +84,20 @@ class RunCommands:
                         # for that rather than re-reading the run at every event.
                         await asyncio.wait({drive.task})
                         continue
-                    found = await self.store.get_run_drive(run_id)
-                    if found is None:
-                        raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run_id}")
-                    run, needs_drive = found
-                    parked = run.state is State.WAITING_HUMAN and not needs_drive
-                    if (run.state in TERMINAL or parked) and run_id not in self.drives:
+                    run = await self.settled_now(run_id)
+                    if run is not None:
                         return run
                     await within(0.5, waiter.wait())
+
+    async def settled_now(self, run_id: str) -> Run | None:
+        """The run if it is terminal or parked, with no drive of this process on it;
+        None while it moves."""
+        found = await self.store.get_run_drive(run_id)
+        if found is None:
+            raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run_id}")
+        run, needs_drive = found
+        parked = run.state is State.WAITING_HUMAN and not needs_drive
+        return run if (run.state in TERMINAL or parked) and run_id not in self.drives else None
 
     # -- approvals ------------------------------------------------------------
 

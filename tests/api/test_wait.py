@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from server.settings import Settings
@@ -145,16 +146,23 @@ def one_stream(database_url: str, data_dir: Path) -> Settings:
     return make_settings(database_url, data_dir, max_streams_per_principal=1)
 
 
+async def hold_the_slot(api: Api) -> tuple[dict[str, Any], asyncio.Task[httpx.Response]]:
+    """A slow run, and a wait on it holding the caller's one stream slot."""
+    slow = (await api.client.post("/runs", json={**SLOW, "context": EAST})).json()
+    holder = asyncio.create_task(api.client.get(f"/runs/{slow['run_id']}", headers=waiting(30)))
+    for _ in range(3000):  # until the wait holds its slot
+        if api.engine_services.streams.open:
+            break
+        await asyncio.sleep(0.01)
+    assert api.engine_services.streams.open
+    return slow, holder
+
+
 async def test_a_wait_holds_a_stream_slot_and_a_refused_one_creates_nothing(
     one_stream: Settings,
 ) -> None:
     async with open_api(one_stream) as api:
-        slow = (await api.client.post("/runs", json={**SLOW, "context": EAST})).json()
-        holder = asyncio.create_task(api.client.get(f"/runs/{slow['run_id']}", headers=waiting(30)))
-        for _ in range(3000):  # until the wait holds its slot
-            if api.engine_services.streams.open:
-                break
-            await asyncio.sleep(0.01)
+        slow, holder = await hold_the_slot(api)
         before = await count_runs(api)
         refused = await api.client.post(
             "/runs", json={"input": QUESTION, "context": EAST}, headers=waiting(30)
@@ -168,3 +176,23 @@ async def test_a_wait_holds_a_stream_slot_and_a_refused_one_creates_nothing(
         await api.client.post(f"/runs/{slow['run_id']}/cancel")
         assert (await holder).json()["state"] == "failed"
         assert not api.engine_services.streams.open, "the slot is given back"
+
+
+async def test_a_run_already_parked_answers_without_a_stream_slot(one_stream: Settings) -> None:
+    """Nothing to wait for, so nothing held: not refused with every slot taken."""
+    async with open_api(one_stream) as api:
+        parked = (
+            await api.client.post(
+                "/runs", json={"input": QUESTION, "context": EAST}, headers=waiting(30)
+            )
+        ).json()
+        assert parked["state"] == "waiting_human", parked
+        slow, holder = await hold_the_slot(api)
+
+        resp = await api.client.get(f"/runs/{parked['run_id']}", headers=waiting(30))
+
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["preference-applied"] == "wait=30"
+        assert resp.json()["state"] == "waiting_human"
+        await api.client.post(f"/runs/{slow['run_id']}/cancel")
+        await holder

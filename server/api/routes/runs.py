@@ -35,6 +35,7 @@ from server.api.deps import (
     StoreDep,
     may_steer,
 )
+from server.api.negotiation import prefers
 from server.api.paging import next_link
 from server.api.problems import PROBLEM_RESPONSES
 from server.api.redaction import RunTools, redact_steps, redact_tool_calls
@@ -184,6 +185,10 @@ async def get_run(
     response.headers.update(applied(wait_s))
     if run.state in TERMINAL:
         return run
+    # Parked already: nothing to wait for, so no stream slot held (nor refused).
+    at_rest = await services.engine.settled_now(run.run_id)
+    if at_rest is not None:
+        return at_rest
     with wait_slot(services, principal, wait_s):
         return await settled(services, request, run, wait_s)
 
@@ -209,9 +214,7 @@ async def run_events(
         if not re.fullmatch(r"[0-9]{1,15}", last_event_id):
             raise RuntimeProblem(Code.VALIDATION_ERROR, "Last-Event-ID must be a sequence number")
         start = max(start, int(last_event_id))
-    if "application/json" in request.headers.get("accept", "") and (
-        "text/event-stream" not in request.headers.get("accept", "")
-    ):
+    if prefers(request.headers.get("accept", ""), "application/json", "text/event-stream"):
         events = await services.store.list_events(run.run_id, start, limit=limit + 1)
         page = JSONResponse([e.model_dump(mode="json") for e in events[:limit]])
         if len(events) > limit:
