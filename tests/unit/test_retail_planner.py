@@ -264,3 +264,16 @@ async def test_drives_the_real_tools_to_an_answer(tmp_path: Path) -> None:
     assert d.kind == "finish" and d.data is not None
     assert set(d.data["top_skus"]) == set(DECLINE_FACTORS)
     assert count_outbox(db) == 1
+
+
+async def test_a_long_notify_list_is_handed_off_whole_and_named_in_brief() -> None:
+    """The recipients go to the report writer as data; the task's text (bounded, as
+    every handoff's) names a few, so a long list cannot make the decision invalid."""
+    notify = [f"{'x' * 200}{i}@example.com" for i in range(150)]
+    notify[1] = "y" * 100_000  # not an address at all: the publish tool will say so
+    ctx = RunContext.model_validate({"notify": notify})
+    d = await RetailPlanner(report_agent="report_writer").next_step(view(EN, QUERIED, ctx))
+    assert d.kind == "handoff" and d.handoff is not None
+    assert d.handoff.data is not None and d.handoff.data["recipients"] == notify
+    assert notify[0] in d.handoff.task and "147 more" in d.handoff.task
+    assert len(d.handoff.task) < 1_000

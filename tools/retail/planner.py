@@ -107,6 +107,14 @@ def _recipients(view: PlannerView) -> list[str]:
     return list(DEFAULT_RECIPIENTS)
 
 
+def _named(recipients: list[str], most: int = 3) -> str:
+    """A few recipients for a brief's text (the whole list goes along as data)."""
+    # 254: the longest address there is; anything longer the publish tool refuses.
+    named = ", ".join(r if len(r) <= 254 else r[:253] + "…" for r in recipients[:most])
+    rest = len(recipients) - most
+    return f"{named} and {rest} more" if rest > 0 else named
+
+
 class RetailPlanner:
     """Answers which SKUs drove a region's weekly sales drop, and files a report.
 
@@ -183,7 +191,7 @@ class RetailPlanner:
                 handoff=Handoff(
                     agent_id=agent,
                     task=f"Write the report '{title}'"
-                    + (f" and publish it to {', '.join(recipients)}" if publish else ""),
+                    + (f" and publish it to {_named(recipients)}" if publish else ""),
                     data={
                         "title": title,
                         "question": view.input,
