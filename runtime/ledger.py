@@ -226,6 +226,25 @@ async def _finish(
     )
 
 
+async def _final_answer(
+    spec: ToolSpec, args: BaseModel, tctx: ToolContext, tool_call_id: str
+) -> tuple[bool, Any]:
+    """Ask ``reconcile`` about a call cut off (``cut_off`` set: the answer is final),
+    within the tool's timeout: (True, output) if the effect took place, (True, None) if
+    it did not, (False, None) where nobody can tell (no reconcile, or it failed or hung:
+    a system that is down must not hold the run up)."""
+    if spec.reconcile is None:
+        return False, None
+    try:
+        found = await asyncio.wait_for(
+            _reconcile(spec, args, replace(tctx, cut_off=True)), spec.timeout_s
+        )
+    except Exception as exc:
+        log.warning("reconcile of cut-off call %s failed: %r", tool_call_id, exc)
+        return False, None
+    return True, found
+
+
 async def settle_cut_off(
     store: NodeStore,
     spec: ToolSpec,
@@ -241,12 +260,8 @@ async def settle_cut_off(
     where nobody can tell (no reconcile, or it failed or outlasted the tool's timeout):
     the caller records an effect that may have happened.
     """
-    if spec.reconcile is None:
-        return None
-    try:
-        found = await asyncio.wait_for(_reconcile(spec, args, tctx), spec.timeout_s)
-    except Exception as exc:  # a hung system must not hold the cancel up
-        log.warning("reconcile of %s after a cancel failed: %r", row.tool_call_id, exc)
+    known, found = await _final_answer(spec, args, tctx, row.tool_call_id)
+    if not known:
         return None
     if found is not None:
         return await _finish(store, row, "succeeded", found, None, 0, tctx.artifacts)
@@ -375,22 +390,23 @@ async def _run_claimed(
         and spec.side_effect
         and not spec.idempotent
     ):
-        if spec.reconcile is None:
+        # Timed out, or given up on by its own handler: work it started may still land
+        # (a thread, a request in flight), and this answer is final (the call is not
+        # run again under its key), as after a cancel: ``cut_off``.
+        known, found = await _final_answer(spec, args, tctx, current.tool_call_id)
+        if found is not None:
+            status, output, error = "succeeded", found, None
+        elif known:
+            error = {**error, "message": f"{error['message']}; it took no effect"}
+            error["took_effect"] = False
+        else:
+            # Nobody can tell (no reconcile, or it failed): the effect may have happened.
+            # Not left running either: the next drive would run the handler again.
             status = "unknown"
             error = {
                 "code": Code.TOOL_OUTCOME_UNKNOWN,
-                "message": f"{error.get('message')}; the effect may have happened",
+                "message": f"{error['message']}; the effect may have happened",
             }
-        else:
-            # Timed out, or given up on by its own handler: work it started may still
-            # land (a thread, a request in flight), and this answer is final (the call
-            # is not run again under its key), as after a cancel: ``cut_off``.
-            found = await _reconcile(spec, args, replace(tctx, cut_off=True))
-            if found is not None:
-                status, output, error = "succeeded", found, None
-            else:
-                error = {**error, "message": f"{error['message']}; it took no effect"}
-                error["took_effect"] = False
     # Once the handler has returned, its outcome must reach the ledger, and before a
     # cancellation goes on: a cancel then settles the calls it finds still running.
     return await to_the_end(

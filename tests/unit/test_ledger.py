@@ -311,10 +311,12 @@ class Remote:
     """A system whose effect lands a moment after the request, once per key, unless the
     key was voided first (what the demo's publish does with its outbox)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, down: bool = False) -> None:
         self.landed: list[str] = []
         self.voided: set[str] = set()
         self.asked: list[bool] = []  # ctx.cut_off of each reconcile
+        self.down = down  # reconcile cannot reach it
+        self.sent = 0
 
     async def _land(self, key: str) -> None:
         await asyncio.sleep(0.2)
@@ -324,6 +326,7 @@ class Remote:
     def spec(self, fail: Exception | None = None) -> ToolSpec:
         async def handler(args: Args, ctx: ToolContext) -> Any:
             # Out of the handler's reach once sent, as a thread or a request in flight.
+            self.sent += 1
             asyncio.get_running_loop().create_task(self._land(ctx.idempotency_key))
             if fail is not None:
                 raise fail
@@ -331,6 +334,8 @@ class Remote:
 
         async def reconcile(args: Args, ctx: ToolContext) -> Any:
             self.asked.append(ctx.cut_off)
+            if self.down:
+                raise ConnectionError("payments unreachable")
             if ctx.idempotency_key in self.landed:
                 return {"landed": True}
             if ctx.cut_off:
@@ -357,3 +362,21 @@ async def test_a_call_given_up_on_is_reconciled_as_cut_off(h: Harness, how: str)
     assert row.status == "failed" and row.error is not None
     assert row.error["code"] == "TOOL_UNAVAILABLE" and row.error["took_effect"] is False
     assert await side_effects(h.store, h.run_id) == ([], [])
+
+
+async def test_a_call_given_up_on_that_reconcile_cannot_settle_is_unknown_not_run_again(
+    h: Harness,
+) -> None:
+    """The system is down for reconcile too: the outcome is unknown, and a retried drive
+    finds it settled rather than a row still running, which it would run again."""
+    remote = Remote(down=True)
+    spec = remote.spec()
+
+    first = await h.execute(spec)
+    again = await h.execute(spec)
+    await asyncio.sleep(0.3)
+
+    assert first.status == again.status == "unknown"
+    assert first.error is not None and first.error["code"] == "TOOL_OUTCOME_UNKNOWN"
+    assert remote.sent == 1 and len(remote.landed) == 1
+    assert await side_effects(h.store, h.run_id) == ([first.tool_call_id], [])
