@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 _NONE = (0.0, -1)
 
 
@@ -21,9 +23,11 @@ def _weight(accept: str, media_type: str) -> tuple[float, int]:
             key, _, value = param.partition("=")
             if key.strip().lower() == "q":
                 try:
-                    q = min(max(float(value), 0.0), 1.0)
+                    q = float(value)
                 except ValueError:
-                    q = 0.0  # an unreadable weight accepts nothing
+                    q = math.nan
+                # An unreadable weight ("oops", "nan") accepts nothing.
+                q = min(max(q, 0.0), 1.0) if math.isfinite(q) or q > 0 else 0.0
         if rank > best[1] or q > best[0]:
             best = (q, rank)
     return best

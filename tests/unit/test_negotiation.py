@@ -27,6 +27,9 @@ JSON, SSE = "application/json", "text/event-stream"
         ("application/*", True),
         ("application/*;q=0.2, text/*;q=0.1", True),
         (f"{JSON};q=oops", False),
+        (f"{JSON};q=nan", False),
+        (f"{JSON}, {SSE};q=nan", True),
+        (f"{JSON};q=inf", True),  # read as 1
         (f"{JSON};q=7", True),  # read as 1
     ],
 )
