@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 from tests.api.conftest import Api, make_settings, open_api, states
+from tests.api.helpers import parked_demo_run, problem
 from tests.api.test_cancel_in_flight import transfer_started
 
 
@@ -82,3 +83,24 @@ async def test_a_cancel_landing_before_its_drive_starts_still_stops_the_run(
         assert final.outcome.code == "RUN_CANCELLED"
         resp = await api.client.post(f"/runs/{busy}/cancel", json={"reason": "done"})
         assert resp.status_code == 200, resp.text
+
+
+async def test_a_run_whose_cancel_was_accepted_takes_no_decision(
+    database_url: str, data_dir: Path
+) -> None:
+    """Accepted and not yet carried out (as by another process's server, every worker
+    busy): approving now would say the run resumes, and it never will."""
+    settings = make_settings(database_url, data_dir, worker_concurrency=1)
+    async with open_api(settings) as api:
+        parked, approval_id, _ = await parked_demo_run(api)
+        busy = await occupy_the_only_slot(api)
+        assert await api.engine.store.request_cancel(parked, "too late", False)
+
+        problem(await api.decide(parked, approval_id, "approve"), 409, "RUN_STATE_CONFLICT")
+
+        resp = await api.client.post(f"/runs/{busy}/cancel", json={"reason": "done"})
+        assert resp.status_code == 200, resp.text
+        final = await api.settle(parked)
+        assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
+        expired = await api.client.get(f"/approvals?state=expired&run_id={parked}")
+        assert [a["approval_id"] for a in expired.json()] == [approval_id], expired.text
