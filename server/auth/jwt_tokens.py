@@ -12,7 +12,7 @@ from typing import Any
 
 import jwt
 
-from server.auth.principal import Principal
+from server.auth.principal import Principal, is_name
 from server.settings import Settings
 
 
@@ -80,9 +80,9 @@ class JwtVerifier:
         except jwt.PyJWTError as exc:
             raise JwtError(str(exc)) from exc
         tenant = claims.get("tenant_id") or claims.get("tid")
-        if not isinstance(tenant, str) or not _name(tenant):
+        if not isinstance(tenant, str) or not is_name(tenant):
             raise JwtError("token has no usable tenant_id claim")
-        if not _name(claims["sub"]):
+        if not is_name(claims["sub"]):
             raise JwtError("token has no usable sub claim")
         roles = claims.get("roles") or []
         scope = claims.get("scope")
@@ -91,24 +91,16 @@ class JwtVerifier:
         scopes = claims.get("scopes") or (scope or "").split()
         if not isinstance(roles, list) or not isinstance(scopes, list):
             raise JwtError("roles and scopes must be lists")
-        if not all(_name(name) for name in (*roles, *scopes)):
+        if not all(is_name(name) for name in (*roles, *scopes)):
             raise JwtError("roles and scopes must be lists of names (1-200 characters each)")
+        issuer = claims.get("iss")
+        # Written into the audit trail and the events as ``via``: a name, like the rest.
+        if issuer is not None and not is_name(issuer):
+            raise JwtError("iss must be a name (1-200 characters)")
         return Principal(
             user_id=str(claims["sub"]),
             tenant_id=tenant,
             roles=frozenset(roles),
             scopes=frozenset(scopes),
-            via=f"jwt:{claims.get('iss') or alg}",
+            via=f"jwt:{issuer or alg}",
         )
-
-
-def _name(value: object) -> bool:
-    """A user or tenant id, a role or a scope, as a run's context may hold it (JSON
-    text may carry a NUL or half a surrogate pair, which no store keeps)."""
-    if not (isinstance(value, str) and 0 < len(value) <= 200 and "\x00" not in value):
-        return False
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import Final
 
@@ -14,6 +15,24 @@ ADMIN: Final = "admin"
 ROLES: Final = frozenset({APPROVER, ADMIN})
 ANY_SCOPE: Final = "*"
 """A scope grant that lets the principal ask for any scope in a run's context."""
+
+
+NAME_MAX: Final = 200
+
+
+def is_name(value: object) -> bool:
+    """A user or tenant id, a role, a scope or an issuer as a principal may carry: 1 to
+    200 characters, no control character (a tenant "t\\x01" would print as "t") and
+    text every store keeps (JSON may carry half a surrogate pair, which none does)."""
+    if not (isinstance(value, str) and 0 < len(value) <= NAME_MAX):
+        return False
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,27 @@ async def test_api_key_lifecycle(api: Api) -> None:
 
 
 @pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"tenant_id": "t\x01"}, "tenant id"),
+        ({"user_id": ""}, "user id"),
+        ({"scopes": [""]}, "scopes"),
+        ({"scopes": ["s" * 201]}, "scopes"),
+        ({"scopes": ["east", "we\nst"]}, "scopes"),
+        ({"label": "l" * 201}, "label"),
+    ],
+)
+async def test_a_key_is_refused_a_name_no_token_could_carry(
+    api: Api, fields: dict[str, Any], why: str
+) -> None:
+    store = api.engine_services.store
+    before = await store.list_api_keys()
+    with pytest.raises(ValueError, match=why):
+        await create_key(store, **{"tenant_id": "t", "user_id": "u", **fields})
+    assert await store.list_api_keys() == before
+
+
+@pytest.mark.parametrize(
     ("make", "why"),
     [
         (lambda: jwt.encode(claims(exp=int(time.time()) - 5), TEST_JWT_SECRET), "expired"),
@@ -104,6 +125,15 @@ async def test_api_key_lifecycle(api: Api) -> None:
         # Not read as str(5) or str(["a"]): a scope claim is a space-separated string.
         (lambda: jwt.encode(claims(scope=5), TEST_JWT_SECRET), "scope"),
         (lambda: jwt.encode(claims(scope=["east"]), TEST_JWT_SECRET), "scope"),
+        # Written into the audit trail as who decided or erased (was a 500, after the
+        # erasure it was to record).
+        (lambda: jwt.encode(claims(iss="\ud800"), TEST_JWT_SECRET), "iss"),
+        (lambda: jwt.encode(claims(iss="a\x00b"), TEST_JWT_SECRET), "iss"),
+        # (PyJWT signs no such token: built by hand)
+        (lambda: hs256_with(TEST_JWT_SECRET.encode(), claims(iss=5)), "iss"),
+        (lambda: jwt.encode(claims(iss="i" * 201), TEST_JWT_SECRET), "iss"),
+        # Printed as "demo-retail" by anything showing it, and not that tenant.
+        (lambda: jwt.encode(claims(tenant_id="demo-retail\x01"), TEST_JWT_SECRET), "tenant_id"),
     ],
 )
 async def test_bad_jwts_are_401(api: Api, make: Any, why: str) -> None:
