@@ -148,14 +148,23 @@ def _event_loop_run() -> Callable[[Coroutine[Any, Any, None]], None]:
 # -- arguments -----------------------------------------------------------------------
 
 
-def _days(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError("must be a number of days") from exc
-    if not 0 <= value <= 365_000:
-        raise argparse.ArgumentTypeError("must be between 0 and 365000 days")
-    return value
+def _between(most: float, unit: str) -> Callable[[str], float]:
+    """An argument type: a number from 0 to ``most`` (never NaN: a wait on it never ends)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"must be a number of {unit}") from exc
+        if not 0 <= value <= most:
+            raise argparse.ArgumentTypeError(f"must be between 0 and {most:g} {unit}")
+        return value
+
+    return parse
+
+
+_days = _between(365_000, "days")
+_seconds = _between(86_400, "seconds")
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -291,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         decide.add_argument("--follow", "-f", action="store_true", help="then " + follow_help)
         decide.add_argument(
             "--wait",
-            type=float,
+            type=_seconds,
             default=10.0,
             metavar="SECONDS",
             help="without --follow, wait this long for the run to act on the decision "

@@ -98,17 +98,20 @@ class Cli:
                 shown = kind == "approval_result" and data.get("approval_id") == anchor
                 if not shown:
                     continue
-            if int(event.get("seq") or 0) <= after:
-                continue
             if kind == "approval_request":
                 last_request = data.get("approval_id")
-            if self.json:
+            # Not shown, but still where the run may be parked now: a run parked at
+            # or before ``after`` sends nothing more, and following it would never end.
+            hidden = int(event.get("seq") or 0) <= after
+            if hidden:
+                pass
+            elif self.json:
                 self.printer.line(json.dumps(event, ensure_ascii=False))
             else:
                 self.printer.line(self.render.event(event, state))
             if kind == "state" and self._stops_at(run_id, state, last_request):
                 break
-            if not self.json:
+            if not self.json and not hidden:
                 self.printer.status(f"{state}, waiting for the next event")
         self.printer.done()
         return self.client.get_run(run_id)

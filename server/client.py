@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -67,6 +68,15 @@ class ApiError(Exception):
                 "code": "SERVER_UNREACHABLE",
             },
         )
+
+
+def segment(what: str, value: str) -> str:
+    """An id as one path segment, percent-encoded. One holding "/" or a dot segment is
+    refused: the server decodes "%2F" before routing, the client resolves "..", and
+    either would address another resource ("RUN/checkpoint", "x/../RUN")."""
+    if not value or "/" in value or value in (".", ".."):
+        raise ApiError(None, {"code": "VALIDATION_ERROR", "detail": f"not a {what}: {value!r}"})
+    return quote(value, safe="")
 
 
 @dataclass
@@ -154,7 +164,7 @@ class Client:
         return run, status == 201
 
     def get_run(self, run_id: str) -> JSON:
-        run, _ = self._json("GET", f"/runs/{run_id}")
+        run, _ = self._json("GET", f"/runs/{segment('run id', run_id)}")
         result: JSON = run
         return result
 
@@ -188,19 +198,20 @@ class Client:
             body["comment"] = comment
         if decided_by is not None:
             body["decided_by"] = decided_by
-        approval, status = self._json("POST", f"/runs/{run_id}/approvals/{approval_id}", json=body)
+        path = f"/runs/{segment('run id', run_id)}/approvals/{segment('approval id', approval_id)}"
+        approval, status = self._json("POST", path, json=body)
         return approval, status == 202
 
     def cancel(self, run_id: str, reason: str | None, compensate: bool) -> JSON:
         body: JSON = {"compensate": compensate}
         if reason is not None:
             body["reason"] = reason
-        run, _ = self._json("POST", f"/runs/{run_id}/cancel", json=body)
+        run, _ = self._json("POST", f"/runs/{segment('run id', run_id)}/cancel", json=body)
         result: JSON = run
         return result
 
     def trace(self, run_id: str) -> JSON:
-        trace, _ = self._json("GET", f"/runs/{run_id}/trace")
+        trace, _ = self._json("GET", f"/runs/{segment('run id', run_id)}/trace")
         result: JSON = trace
         return result
 
@@ -222,6 +233,7 @@ class Client:
         It gives up with :class:`ApiError` after ``reconnect_window_s`` without
         getting through; 4xx answers are raised at once.
         """
+        path = f"/runs/{segment('run id', run_id)}/events"
         last = after
         failing_since: float | None = None
         delay_s = 1.0
@@ -230,9 +242,7 @@ class Client:
             timeout = httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S)
             why: str
             try:
-                with self.http.stream(
-                    "GET", f"/runs/{run_id}/events", headers=headers, timeout=timeout
-                ) as resp:
+                with self.http.stream("GET", path, headers=headers, timeout=timeout) as resp:
                     if resp.status_code >= 400:
                         resp.read()
                         error = ApiError.from_response(resp)

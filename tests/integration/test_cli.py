@@ -145,6 +145,16 @@ def test_json_follow_reject_cancel_and_errors(server: ServerProcess) -> None:
     assert again.returncode == 0 and json.loads(again.stdout)["run_id"] == run_id
     parked = cli(server, "follow", run_id)
     assert parked.returncode == 3 and approval_hint(parked.stdout)[0] == run_id
+    # Past its last event: nothing to show, and still parked (it used to follow for ever).
+    quiet = cli(server, "follow", run_id, "--after", "100000", "--json")
+    assert quiet.returncode == 3 and quiet.stdout == "", quiet.stderr
+    # An id is one path segment: never another resource of the run, nor another run.
+    for wrong in (f"{run_id}/checkpoint", f"x/../{run_id}", ".."):
+        refused = cli(server, "cancel", wrong)
+        assert refused.returncode == 2 and "VALIDATION_ERROR" in refused.stderr, refused
+    assert json.loads(cli(server, "show", run_id, "--json").stdout)["state"] == "waiting_human"
+    nan = cli(server, "approve", run_id, "ap-x", "--wait", "nan")
+    assert nan.returncode == 2 and "--wait" in nan.stderr
     cancelled = cli(server, "cancel", run_id, "--reason", "not needed")
     assert cancelled.returncode == 1, cancelled.stderr
     assert "RUN_CANCELLED: not needed" in cancelled.stdout
