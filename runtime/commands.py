@@ -254,7 +254,12 @@ class RunCommands:
             # its time budget) or inside a sub-agent keeps the graph's last word on it.
             "next": [] if ended else list(snapshot.next),
             "planner_context_ref": f"mem://{run.run_id}/planner-v{step}",
-            "planner_context_url": f"/runs/{run.run_id}/planner-context/{step}",
+            # Only where that step was planned: a run that never planned has none to show.
+            "planner_context_url": (
+                f"/runs/{run.run_id}/planner-context/{step}"
+                if (values.get("usage") or {}).get("steps", 0) > step
+                else None
+            ),
             "tool_calls": list(values.get("tool_calls", [])),
             "memory_snapshot": f"memory://{run.run_id}/v{memory_version}",
             "handoff_stack": [] if ended else stack,

@@ -12,5 +12,8 @@ from fastapi import Request
 
 
 def next_link(request: Request, **params: Any) -> str:
-    """``<this URL with params replaced>; rel="next"``."""
-    return f'<{request.url.include_query_params(**params)}>; rel="next"'
+    """``<this path and query, params replaced>; rel="next"``: a reference relative to
+    the request (RFC 8288 §3.2), so it never names a host the request's Host header made
+    up."""
+    url = request.url.include_query_params(**params)
+    return f'<{url.path}?{url.query}>; rel="next"'

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from runtime.errors import CODES, Code, RuntimeProblem
 
@@ -83,6 +84,10 @@ def problem_response(
     )
 
 
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+"""The methods a route of ours may serve."""
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(RuntimeProblem)
     async def runtime_problem(request: Request, exc: RuntimeProblem) -> JSONResponse:
@@ -105,9 +110,23 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, Code.INTERNAL_ERROR)
-        return problem_response(
+        response = problem_response(
             code, str(exc.detail), instance=request.url.path, status=exc.status_code
         )
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            # Every method of the path (RFC 9110 §15.5.6): Starlette names those of the
+            # first route it matched, and GET /runs and POST /runs are two routes.
+            allowed = [
+                method
+                for method in _METHODS
+                if any(
+                    route.matches({**request.scope, "method": method})[0] is Match.FULL
+                    for route in request.app.router.routes
+                )
+            ]
+            response.headers["Allow"] = ", ".join(allowed)
+        return response
 
     @app.exception_handler(psycopg.OperationalError)
     @app.exception_handler(sqlite3.OperationalError)

@@ -146,7 +146,9 @@ async def test_unknown_approval_artifact_and_route_are_404(api: Api) -> None:
     assert_problem(resp, 404, "APPROVAL_NOT_FOUND")
     assert_problem(await api.client.get("/artifacts/sha256:" + "0" * 64), 404, "ARTIFACT_NOT_FOUND")
     assert_problem(await api.client.get("/nowhere"), 404, "NOT_FOUND")
-    assert_problem(await api.client.delete("/runs"), 405, "METHOD_NOT_ALLOWED")
+    not_allowed = await api.client.delete("/runs")
+    assert_problem(not_allowed, 405, "METHOD_NOT_ALLOWED")
+    assert set(not_allowed.headers["allow"].split(", ")) == {"GET", "POST"}
 
 
 async def test_bad_decisions_queries_and_headers_are_422(api: Api) -> None:
@@ -160,7 +162,13 @@ async def test_bad_decisions_queries_and_headers_are_422(api: Api) -> None:
     ):
         resp = await api.client.post(f"/runs/{run_id}/approvals/ap-x", json=body)
         assert_problem(resp, 422, "VALIDATION_ERROR")
-    for params in ({"state": "sleeping"}, {"limit": 0}, {"limit": 10_000}, {"cursor": "%%%"}):
+    for params in (
+        {"state": "sleeping"},
+        {"limit": 0},
+        {"limit": 10_000},
+        {"cursor": "%%%"},
+        {"agent_id": ""},  # not "any agent"
+    ):
         assert_problem(await api.client.get("/runs", params=params), 422, "VALIDATION_ERROR")
     for bad_id in (b"x", "²".encode("latin-1"), b"9" * 20):
         resp = await api.client.get(

@@ -34,6 +34,8 @@ async def test_a_queued_run_is_cancelled_without_waiting_for_a_slot(
         # It never started: nothing planned, nothing in the ledger.
         assert states(await api.events(queued)) == ["pending", "failed"]
         assert (await api.client.get(f"/runs/{queued}/tool-calls")).json() == []
+        view = (await api.client.get(f"/runs/{queued}/checkpoint")).json()
+        assert view["planner_context_url"] is None, view  # no step to point at
         # The slot's own run went on meanwhile; the worker takes nothing more of it.
         assert (await api.client.get(f"/runs/{busy}")).json()["state"] == "executing"
         lease = await api.engine.store.lease_of(queued)

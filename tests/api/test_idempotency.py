@@ -98,3 +98,12 @@ async def test_a_key_header_must_be_printable_ascii(api: Api) -> None:
     resp = await api.client.post("/runs", json=BODY, headers={b"Idempotency-Key": "café".encode()})
     assert resp.status_code == 422 and resp.json()["code"] == "VALIDATION_ERROR"
     assert (await api.client.get("/runs")).json()["items"] == []
+
+
+async def test_two_key_headers_are_refused(api: Api) -> None:
+    """Which one would name the run? Not the first, silently."""
+    resp = await api.client.post(
+        "/runs", json=BODY, headers=[("Idempotency-Key", "k-a"), ("Idempotency-Key", "k-b")]
+    )
+    assert resp.status_code == 422 and resp.json()["code"] == "VALIDATION_ERROR"
+    assert (await api.client.get("/runs")).json()["items"] == []

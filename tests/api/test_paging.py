@@ -68,6 +68,11 @@ async def test_the_event_log_pages_by_seq(api: Api) -> None:
 
     assert all(len(p) == 3 for p in pages[:-1]) and 1 <= len(pages[-1]) <= 3
     assert [e for p in pages for e in p] == whole
+    # Relative to the request: a Host header cannot put another site's name in it.
+    spoofed = await api.client.get(
+        f"/runs/{run_id}/events?limit=3", headers={**JSON, "Host": "evil.example"}
+    )
+    assert next_url(spoofed) == f"/runs/{run_id}/events?limit=3&after=3"
     after = await api.client.get(f"/runs/{run_id}/events?after=5&limit=2", headers=JSON)
     assert [e["seq"] for e in after.json()] == [6, 7]
     problem(

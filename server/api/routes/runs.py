@@ -96,6 +96,8 @@ async def create_run(
     _prefer: Annotated[str | None, Header(alias="prefer", description=PREFER_WAIT)] = None,
 ) -> Any:
     body.context = context_for(body, principal)
+    if len(request.headers.getlist("idempotency-key")) > 1:
+        raise RuntimeProblem(Code.VALIDATION_ERROR, "more than one Idempotency-Key header")
     if idempotency_key is not None:
         if body.options.idempotency_key not in (None, idempotency_key):
             raise RuntimeProblem(
@@ -154,7 +156,7 @@ async def list_runs(
     store: StoreDep,
     principal: PrincipalDep,
     state: State | None = None,
-    agent_id: Annotated[str | None, Query(max_length=100)] = None,
+    agent_id: Annotated[str | None, Query(min_length=1, max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
 ) -> Page[Run]:
