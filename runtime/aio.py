@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable, Hashable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -40,3 +40,28 @@ async def within(timeout_s: float, step: Awaitable[object]) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+class KeyedLock:
+    """An asyncio lock per key, made on first use and dropped once nobody holds it or
+    waits for it (keys may be many: a lock per user)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[Hashable, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: Hashable) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)

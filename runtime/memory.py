@@ -48,6 +48,11 @@ class Memory:
         self._store = store
         self._prefix = (ROOT, label(tenant_id), label(user_id))
 
+    @property
+    def owner(self) -> tuple[str, ...]:
+        """Whose memory this is: the namespace every item of it lies under."""
+        return self._prefix
+
     def _namespace(self, sub: tuple[str, ...]) -> tuple[str, ...]:
         return (*self._prefix, *(label(s) for s in sub), LEAF)
 

@@ -3,6 +3,8 @@ the run's own tenant and user, from one run to the next."""
 
 from __future__ import annotations
 
+import asyncio
+
 from langgraph.store.memory import InMemoryStore
 
 from runtime.backend import open_backend
@@ -186,6 +188,26 @@ async def test_every_key_listed_can_be_forgotten_on_its_own(api: Api) -> None:
     assert (await api.client.delete("/memory/a%2Fb")).status_code == 204
     assert (await api.client.delete(f"/memory/{long_key}")).status_code == 204
     assert set((await api.client.get("/memory")).json()) == {"keep"}
+
+
+async def test_an_erasure_sent_many_times_at_once_is_on_the_trail_once(api: Api) -> None:
+    assert api.engine.memory is not None
+    mine = Memory(api.engine.memory, OPS_TENANT, OPS_USER)
+    await mine.put("size", {"value": "L"})
+    await mine.put("color", {"value": "teal"})
+
+    sent = [api.client.delete("/memory/size") for _ in range(6)]
+    sent += [api.client.delete("/memory") for _ in range(3)]
+    answers = await asyncio.gather(*sent)
+
+    assert all(a.status_code in (200, 204) for a in answers), [a.text for a in answers]
+    trail, _ = await api.engine_services.store.page_audit(OPS_TENANT, limit=20, cursor=None)
+    erased = [e.detail for e in trail]
+    # Each item's erasure once, whichever request erased it; the rest erased nothing.
+    assert sum(d.get("items", 0) + d.get("forgotten", 0) for d in erased) == 2, erased
+    # And what each whole erasure answered is what the trail says it erased.
+    answered = sum(a.json()["forgotten"] for a in answers if a.status_code == 200)
+    assert answered == sum(d.get("forgotten", 0) for d in erased)
 
 
 async def test_a_memory_the_api_could_not_name_is_not_written() -> None:

@@ -1,4 +1,4 @@
-"""runtime.aio.to_the_end: a step outlives its caller's cancellation, which comes after."""
+"""runtime.aio: a step outlives its caller's cancellation, which comes after; locks by key."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from runtime.aio import to_the_end, within
+from runtime.aio import KeyedLock, to_the_end, within
 
 
 async def test_the_step_ends_before_the_cancellation_goes_on() -> None:
@@ -79,3 +79,24 @@ async def test_within_says_whether_the_step_finished() -> None:
     assert not await within(0.01, event.wait())
     event.set()
     assert await within(0.01, event.wait())
+
+
+async def test_a_keyed_lock_excludes_per_key_and_forgets_keys_nobody_holds() -> None:
+    locks = KeyedLock()
+    inside = {"a": 0, "b": 0}
+    most = {"a": 0, "b": 0}
+    both_at_once = False
+
+    async def hold(key: str) -> None:
+        nonlocal both_at_once
+        async with locks.hold(key):
+            inside[key] += 1
+            most[key] = max(most[key], inside[key])
+            both_at_once = both_at_once or (inside["a"] > 0 and inside["b"] > 0)
+            await asyncio.sleep(0.01)
+            inside[key] -= 1
+
+    await asyncio.gather(*(hold(k) for k in "abababab"))
+
+    assert most == {"a": 1, "b": 1} and both_at_once  # one holder a key; keys apart
+    assert len(locks) == 0

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import StringConstraints
 
+from runtime.aio import KeyedLock
 from runtime.errors import Code, RuntimeProblem
 from runtime.ids import content_hash
 from runtime.memory import MAX_DEPTH, MAX_KEY, MAX_LABEL, Memory
@@ -25,6 +26,12 @@ from server.auth import Principal
 from server.auth.principal import ADMIN
 
 router = APIRouter(tags=["memory"], responses=PROBLEM_RESPONSES)
+
+ERASING = KeyedLock()
+"""A user's erasures one at a time in this process, so that an item erased by two
+requests at once is on the trail once (the store does not say which delete found it).
+Processes of a PostgreSQL deployment do not share it: there, such a race can still put
+an erasure on the trail twice, never leave one off."""
 
 UserQuery = Annotated[str | None, Query(min_length=1, max_length=200)]
 Label = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL)]
@@ -105,13 +112,14 @@ async def forget_one(
     sub: SubQuery = None,
 ) -> None:
     memory = memory_of(engine, principal, user_id)
-    if await memory.get(key, *(sub or [])) is None:
-        return  # nothing erased, nothing to put on the trail
-    await memory.delete(key, *(sub or []))
-    # Which item, as a hash: an agent's key or label may itself say something personal,
-    # and the trail outlives the erasure.
-    item = content_hash({"sub": sub or [], "key": key})
-    await audit(engine, principal, "memory.delete", user_id, item=item, items=1)
+    async with ERASING.hold(memory.owner):
+        if await memory.get(key, *(sub or [])) is None:
+            return  # nothing erased, nothing to put on the trail
+        await memory.delete(key, *(sub or []))
+        # Which item, as a hash: an agent's key or label may itself say something
+        # personal, and the trail outlives the erasure.
+        item = content_hash({"sub": sub or [], "key": key})
+        await audit(engine, principal, "memory.delete", user_id, item=item, items=1)
 
 
 @router.delete("/memory")
@@ -119,6 +127,8 @@ async def forget_all(
     engine: EngineDep, principal: PrincipalDep, user_id: UserQuery = None
 ) -> dict[str, int]:
     """Everything agents keep about the user, in every namespace: gone."""
-    forgotten = await memory_of(engine, principal, user_id).forget()
-    await audit(engine, principal, "memory.forget", user_id, forgotten=forgotten)
+    memory = memory_of(engine, principal, user_id)
+    async with ERASING.hold(memory.owner):
+        forgotten = await memory.forget()
+        await audit(engine, principal, "memory.forget", user_id, forgotten=forgotten)
     return {"forgotten": forgotten}
