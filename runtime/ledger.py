@@ -332,7 +332,9 @@ async def _execute(
     if current.attempts > 0 and not rerun:
         # An earlier drive started the handler and died before recording its outcome.
         if spec.reconcile is not None:
-            found = await _reconcile(spec, args, tctx)
+            # Within the tool's timeout: a system that does not answer fails this drive
+            # (a retry asks again) rather than holding the run, and its lease, for ever.
+            found = await asyncio.wait_for(_reconcile(spec, args, tctx), spec.timeout_s)
             if found is not None:
                 return await _finish(store, current, "succeeded", found, None, 0, tctx.artifacts)
         elif not spec.idempotent:

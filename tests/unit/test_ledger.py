@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -150,6 +151,28 @@ async def test_reconcile_finding_nothing_reruns(h: Harness) -> None:
 
     assert h.reconciled == 1 and h.ran == [left.idempotency_key]
     assert row.status == "succeeded" and row.attempts == 2
+
+
+async def test_a_reconcile_that_hangs_fails_the_drive_within_the_tools_timeout(
+    h: Harness,
+) -> None:
+    """Rather than holding the run (and its lease, renewed all along) for ever; the row
+    stays running for the drive that retries, and the handler has not run again."""
+    spec = h.spec(side_effect=True, idempotent=False, timeout_s=0.05)
+
+    async def hangs(args: Args, ctx: ToolContext) -> Any:
+        await asyncio.sleep(3600)
+
+    spec = replace(spec, reconcile=hangs)
+    await h.leave_running(spec)
+
+    drive = asyncio.ensure_future(h.execute(spec))
+    done, _ = await asyncio.wait({drive}, timeout=30)  # a bound on a hang, not a speed
+    drive.cancel()
+    assert drive in done and isinstance(drive.exception(), TimeoutError)
+    assert h.ran == []
+    row = await h.store.get_tool_call(h.row(spec).tool_call_id)
+    assert row is not None and row.status == "running" and row.attempts == 1
 
 
 async def test_unreconcilable_side_effect_is_marked_unknown(h: Harness) -> None:
