@@ -140,6 +140,12 @@ class ReconcileFailed(Exception):
     """A tool's reconcile raised; its message has the secret args' values scrubbed."""
 
 
+class ReconcileUnanswered(ConnectionError):
+    """A tool's reconcile gave no answer within the tool's timeout: as transient as a
+    database that does not answer (the drive is retried), and not a ``TimeoutError``,
+    which out of a graph means the run's own time budget ran out."""
+
+
 async def _reconcile(spec: ToolSpec, args: BaseModel, tctx: ToolContext) -> Any | None:
     assert spec.reconcile is not None
     failpoints.hit("reconcile", spec.name)
@@ -334,7 +340,12 @@ async def _execute(
         if spec.reconcile is not None:
             # Within the tool's timeout: a system that does not answer fails this drive
             # (a retry asks again) rather than holding the run, and its lease, for ever.
-            found = await asyncio.wait_for(_reconcile(spec, args, tctx), spec.timeout_s)
+            try:
+                found = await asyncio.wait_for(_reconcile(spec, args, tctx), spec.timeout_s)
+            except TimeoutError:
+                raise ReconcileUnanswered(
+                    f"{spec.ref} reconcile did not answer within {spec.timeout_s}s"
+                ) from None
             if found is not None:
                 return await _finish(store, current, "succeeded", found, None, 0, tctx.artifacts)
         elif not spec.idempotent:

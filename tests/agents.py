@@ -102,8 +102,13 @@ def build_tools(data_dir: Path) -> ToolRegistry:
         return {"transferred": args.amount}
 
     async def find_transfer(args: TransferArgs, ctx: ToolContext) -> dict[str, object] | None:
-        # A slow remote system, where a test asks for one.
+        # A slow remote system, where a test asks for one; or one that hangs the first
+        # time it is asked and answers after.
         await asyncio.sleep(float(os.environ.get("TEST_RECONCILE_S", "0")))
+        hung = data_dir / "reconcile.hung"
+        if os.environ.get("TEST_RECONCILE_HANGS_ONCE") and not hung.exists():
+            hung.touch()
+            await asyncio.sleep(3600)
         with (data_dir / "reconcile.log").open("a") as fh:
             fh.write(f"{ctx.idempotency_key}\n")
         done = any(line.split()[0] == ctx.idempotency_key for line in transfer_lines(data_dir))
@@ -175,7 +180,7 @@ def build_tools(data_dir: Path) -> ToolRegistry:
                 transfer,
                 side_effect=True,
                 idempotent=False,
-                timeout_s=120,
+                timeout_s=float(os.environ.get("TEST_TRANSFER_TIMEOUT_S", "120")),
                 reconcile=find_transfer,
                 compensate=refund,
             ),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tests.agents import counter_lines
+from tests.agents import counter_lines, transfer_lines
 from tests.auth import MGR
 from tests.integration.conftest import state_is
 from tests.integration.server_proc import ServerProcess, wait_for_file
@@ -93,3 +93,33 @@ def test_sigkill_while_executing_resumes_without_repeating_finished_calls(
     assert len(counter_lines(server.data_dir)) == 1
     sleeps = (server.data_dir / "sleep.log").read_text().splitlines()
     assert len(sleeps) == 2 and sleeps[0] == sleeps[1]
+
+
+def test_a_reconcile_that_hangs_after_a_sigkill_is_asked_again_by_a_retried_drive(
+    server: ServerProcess,
+) -> None:
+    """The remote system does not answer the first time it is asked about the transfer
+    the killed process left running: that drive fails within the tool's timeout and
+    the next one asks again (not the run's time budget running out, nor a hang)."""
+    server.start()
+    with server.client() as http:
+        run_id = http.post("/runs", json={"agent_id": "transferrer", "input": "last 3"}).json()[
+            "run_id"
+        ]
+        server.follow(run_id, lambda e: e["type"] == "action" and e["data"]["tool"] == "transfer")
+    time.sleep(0.5)  # in the transfer, whose effect lands as it ends
+    server.kill()
+    assert transfer_lines(server.data_dir) == []
+
+    server.env["TEST_RECONCILE_HANGS_ONCE"] = "1"
+    server.env["TEST_TRANSFER_TIMEOUT_S"] = "5"
+    server.start()
+    with server.client() as http:
+        server.follow(run_id, state_is("succeeded", "failed"))
+        final = http.get(f"/runs/{run_id}").json()
+        [call] = http.get(f"/runs/{run_id}/tool-calls").json()
+    assert (server.data_dir / "reconcile.hung").exists()  # the first ask hung
+    assert final["state"] == "succeeded", final["outcome"]
+    # Asked again, it said the transfer never landed: run once more, landed once.
+    assert [line.split()[1] for line in transfer_lines(server.data_dir)] == ["5"]
+    assert call["status"] == "succeeded" and call["attempts"] == 2, call
