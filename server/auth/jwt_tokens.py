@@ -94,8 +94,9 @@ class JwtVerifier:
         if not all(is_name(name) for name in (*roles, *scopes)):
             raise JwtError("roles and scopes must be lists of names (1-200 characters each)")
         issuer = claims.get("iss")
-        # Written into the audit trail and the events as ``via``: a name, like the rest.
-        if issuer is not None and not is_name(issuer):
+        # Written into the audit trail and the events as ``via``: a name, like the rest
+        # (an empty one is as good as none).
+        if issuer not in (None, "") and not is_name(issuer):
             raise JwtError("iss must be a name (1-200 characters)")
         return Principal(
             user_id=str(claims["sub"]),

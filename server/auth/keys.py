@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 
 from runtime.store.base import RunStore
-from server.auth.principal import ROLES, Principal, is_name
+from server.auth.principal import NAME_RULE, ROLES, Principal, is_name
 
 PREFIX = "ark_"
 _TOKEN = re.compile(r"ark_([a-z0-9]{12})_([A-Za-z0-9_-]{43})")
@@ -44,17 +44,12 @@ async def create_key(
         raise ValueError(f"unknown role(s): {', '.join(sorted(unknown))}")
     for what, name in (("tenant", tenant_id), ("user", user_id)):
         if not is_name(name):
-            raise ValueError(
-                f"a key needs a {what} id of 1 to 200 characters, none a control character"
-            )
+            raise ValueError(f"a key needs a {what} id of {NAME_RULE}")
     bad = [scope for scope in scopes or () if not is_name(scope)]
     if bad:
-        raise ValueError(
-            f"scopes are names of 1 to 200 characters, none a control character ({len(bad)}"
-            " are not)"
-        )
+        raise ValueError(f"scopes are names of {NAME_RULE} ({len(bad)} are not)")
     if label is not None and not is_name(label):
-        raise ValueError("a label is 1 to 200 characters, none a control character")
+        raise ValueError(f"a label is {NAME_RULE}")
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     await store.create_api_key(

@@ -18,15 +18,20 @@ ANY_SCOPE: Final = "*"
 
 
 NAME_MAX: Final = 200
+NAME_RULE: Final = f"1 to {NAME_MAX} characters, none a control, format or line-break one"
+"""What :func:`is_name` asks, for messages."""
+_UNSEEN: Final = frozenset({"Cc", "Cf", "Zl", "Zp"})
+"""Unicode categories a name may not hold: controls, invisible format characters
+(U+200B, a right-to-left override) and line breaks, which make a name print as another."""
 
 
 def is_name(value: object) -> bool:
     """A user or tenant id, a role, a scope or an issuer as a principal may carry: 1 to
-    200 characters, no control character (a tenant "t\\x01" would print as "t") and
+    200 characters, none of them unseen (a tenant "t\\x01" would print as "t") and
     text every store keeps (JSON may carry half a surrogate pair, which none does)."""
     if not (isinstance(value, str) and 0 < len(value) <= NAME_MAX):
         return False
-    if any(unicodedata.category(c) == "Cc" for c in value):
+    if any(unicodedata.category(c) in _UNSEEN for c in value):
         return False
     try:
         value.encode()

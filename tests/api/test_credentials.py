@@ -134,6 +134,9 @@ async def test_a_key_is_refused_a_name_no_token_could_carry(
         (lambda: jwt.encode(claims(iss="i" * 201), TEST_JWT_SECRET), "iss"),
         # Printed as "demo-retail" by anything showing it, and not that tenant.
         (lambda: jwt.encode(claims(tenant_id="demo-retail\x01"), TEST_JWT_SECRET), "tenant_id"),
+        (lambda: jwt.encode(claims(tenant_id="demo-retail\u200b"), TEST_JWT_SECRET), "tenant_id"),
+        (lambda: jwt.encode(claims(sub="u-ops-001\u202e"), TEST_JWT_SECRET), "sub"),
+        (lambda: jwt.encode(claims(sub="u-ops\u2028001"), TEST_JWT_SECRET), "sub"),
     ],
 )
 async def test_bad_jwts_are_401(api: Api, make: Any, why: str) -> None:
