@@ -8,12 +8,13 @@ Callers reach their own memory; a tenant admin may reach a user of the tenant
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from collections.abc import Awaitable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import StringConstraints
 
-from runtime.aio import KeyedLock
+from runtime.aio import KeyedLock, to_the_end
 from runtime.errors import Code, RuntimeProblem
 from runtime.ids import content_hash
 from runtime.memory import MAX_DEPTH, MAX_KEY, MAX_LABEL, Memory
@@ -26,6 +27,7 @@ from server.auth import Principal
 from server.auth.principal import ADMIN
 
 router = APIRouter(tags=["memory"], responses=PROBLEM_RESPONSES)
+T = TypeVar("T")
 
 ERASING = KeyedLock()
 """A user's erasures one at a time in this process, so that an item erased by two
@@ -63,6 +65,18 @@ async def audit(
         user_id or principal.user_id,
         **detail,
     )
+
+
+async def _erased(memory: Memory, erasure: Awaitable[T]) -> T:
+    """Carry out an erasure of the user's after the others', and to its end even if the
+    client hangs up: between the erasure and its audit entry, that would leave it off
+    the trail."""
+
+    async def in_turn() -> T:
+        async with ERASING.hold(memory.owner):
+            return await erasure
+
+    return await to_the_end(in_turn())
 
 
 CURSOR = "memory"
@@ -112,7 +126,8 @@ async def forget_one(
     sub: SubQuery = None,
 ) -> None:
     memory = memory_of(engine, principal, user_id)
-    async with ERASING.hold(memory.owner):
+
+    async def erase() -> None:
         if await memory.get(key, *(sub or [])) is None:
             return  # nothing erased, nothing to put on the trail
         await memory.delete(key, *(sub or []))
@@ -121,6 +136,8 @@ async def forget_one(
         item = content_hash({"sub": sub or [], "key": key})
         await audit(engine, principal, "memory.delete", user_id, item=item, items=1)
 
+    await _erased(memory, erase())
+
 
 @router.delete("/memory")
 async def forget_all(
@@ -128,7 +145,10 @@ async def forget_all(
 ) -> dict[str, int]:
     """Everything agents keep about the user, in every namespace: gone."""
     memory = memory_of(engine, principal, user_id)
-    async with ERASING.hold(memory.owner):
+
+    async def erase() -> int:
         forgotten = await memory.forget()
         await audit(engine, principal, "memory.forget", user_id, forgotten=forgotten)
-    return {"forgotten": forgotten}
+        return forgotten
+
+    return {"forgotten": await _erased(memory, erase())}
