@@ -58,8 +58,10 @@ def test_a_second_process_on_an_embedded_database_refuses_to_start(
         assert f"is served by another process (pid {first.pid})" in said, said
         assert "PostgreSQL" in said
 
-    # The first kept its lease, and its run went on there.
-    assert lease(db, run_id) == held
+    # Nobody took the first's lease (a version counts every grant): the run went on
+    # there, still held or, on a slow machine, already ended and released.
+    owner, version = lease(db, run_id)
+    assert version == held[1] and owner in (held[0], "None"), (owner, version, held)
     with first.client() as http:
         first.follow(run_id, state_is("succeeded", "failed"))
         assert http.get(f"/runs/{run_id}").json()["state"] == "succeeded"
