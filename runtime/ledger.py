@@ -160,6 +160,16 @@ async def _reconcile(spec: ToolSpec, args: BaseModel, tctx: ToolContext) -> Any 
         raise ReconcileFailed(f"{spec.ref} reconcile: {scrub(repr(exc), secrets)}") from None
 
 
+async def _reconcile_in_time(spec: ToolSpec, args: BaseModel, tctx: ToolContext) -> Any | None:
+    """:func:`_reconcile` within the tool's timeout, or :class:`ReconcileUnanswered`."""
+    try:
+        return await asyncio.wait_for(_reconcile(spec, args, tctx), spec.timeout_s)
+    except TimeoutError:
+        raise ReconcileUnanswered(
+            f"{spec.ref} reconcile did not answer within {spec.timeout_s}s"
+        ) from None
+
+
 async def _run_handler(
     spec: ToolSpec, args: BaseModel, tctx: ToolContext
 ) -> tuple[str, Any, dict[str, Any] | None, int]:
@@ -242,9 +252,7 @@ async def _final_answer(
     if spec.reconcile is None:
         return False, None
     try:
-        found = await asyncio.wait_for(
-            _reconcile(spec, args, replace(tctx, cut_off=True)), spec.timeout_s
-        )
+        found = await _reconcile_in_time(spec, args, replace(tctx, cut_off=True))
     except Exception as exc:
         log.warning("reconcile of cut-off call %s failed: %r", tool_call_id, exc)
         return False, None
@@ -338,14 +346,9 @@ async def _execute(
     if current.attempts > 0 and not rerun:
         # An earlier drive started the handler and died before recording its outcome.
         if spec.reconcile is not None:
-            # Within the tool's timeout: a system that does not answer fails this drive
-            # (a retry asks again) rather than holding the run, and its lease, for ever.
-            try:
-                found = await asyncio.wait_for(_reconcile(spec, args, tctx), spec.timeout_s)
-            except TimeoutError:
-                raise ReconcileUnanswered(
-                    f"{spec.ref} reconcile did not answer within {spec.timeout_s}s"
-                ) from None
+            # A system that does not answer fails this drive (a retry asks again) rather
+            # than holding the run, and its lease, for ever.
+            found = await _reconcile_in_time(spec, args, tctx)
             if found is not None:
                 return await _finish(store, current, "succeeded", found, None, 0, tctx.artifacts)
         elif not spec.idempotent:

@@ -103,12 +103,12 @@ class Cli:
             # Not shown, but still where the run may be parked now: a run parked at
             # or before ``after`` sends nothing more, and following it would never end.
             hidden = int(event.get("seq") or 0) <= after
-            if hidden:
-                pass
-            elif self.json:
-                self.printer.line(json.dumps(event, ensure_ascii=False))
-            else:
-                self.printer.line(self.render.event(event, state))
+            if not hidden:
+                self.printer.line(
+                    json.dumps(event, ensure_ascii=False)
+                    if self.json
+                    else self.render.event(event, state)
+                )
             if kind == "state" and self._stops_at(run_id, state, last_request):
                 break
             if not self.json and not hidden:

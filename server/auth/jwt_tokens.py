@@ -12,7 +12,7 @@ from typing import Any
 
 import jwt
 
-from server.auth.principal import Principal, is_name
+from server.auth.principal import NAME_RULE, Principal, is_name
 from server.settings import Settings
 
 
@@ -97,7 +97,7 @@ class JwtVerifier:
         # Written into the audit trail and the events as ``via``: a name, like the rest
         # (an empty one is as good as none).
         if issuer not in (None, "") and not is_name(issuer):
-            raise JwtError("iss must be a name (1-200 characters)")
+            raise JwtError(f"iss must be a name of {NAME_RULE}")
         return Principal(
             user_id=str(claims["sub"]),
             tenant_id=tenant,

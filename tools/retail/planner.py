@@ -19,6 +19,7 @@ from runtime.model import Decision, DecisionUsage, Handoff, ProposedCall
 from runtime.planner import Observation, PlannerView, handoff_tool
 from tools.retail.data import LAST_WEEK_START, REGION_IDS
 from tools.retail.report import Findings, has_cjk, pct, region_label
+from tools.retail.tools import MAX_ADDRESS
 from tools.retail.writer import publish_data, publish_sentence
 
 DEFAULT_REGION = "east"
@@ -109,8 +110,10 @@ def _recipients(view: PlannerView) -> list[str]:
 
 def _named(recipients: list[str], most: int = 3) -> str:
     """A few recipients for a brief's text (the whole list goes along as data)."""
-    # 254: the longest address there is; anything longer the publish tool refuses.
-    named = ", ".join(r if len(r) <= 254 else r[:253] + "…" for r in recipients[:most])
+    # Anything longer than an address can be the publish tool refuses anyway.
+    named = ", ".join(
+        r if len(r) <= MAX_ADDRESS else r[: MAX_ADDRESS - 1] + "…" for r in recipients[:most]
+    )
     rest = len(recipients) - most
     return f"{named} and {rest} more" if rest > 0 else named
 

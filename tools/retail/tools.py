@@ -22,6 +22,8 @@ from tools.retail.report import Findings, render
 
 T = TypeVar("T")
 RegionId = Literal["east", "north", "south", "west"]
+MAX_ADDRESS = 254
+"""The longest email address there is (RFC 5321 paths less their brackets)."""
 EMAIL = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}$")
 ARTIFACT_ID = r"^sha256:[0-9a-f]{64}$"
 # Lock contention and a missing file are worth retrying; anything else is a bug.
@@ -66,7 +68,7 @@ class PublishReportArgs(BaseModel):
     @field_validator("recipients")
     @classmethod
     def _emails(cls, value: list[str]) -> list[str]:
-        bad = [r for r in value if len(r) > 254 or not EMAIL.fullmatch(r)]
+        bad = [r for r in value if len(r) > MAX_ADDRESS or not EMAIL.fullmatch(r)]
         if bad:
             raise ValueError(f"not an email address: {', '.join(bad)}")
         return value
