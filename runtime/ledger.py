@@ -145,6 +145,11 @@ class ReconcileUnanswered(ConnectionError):
     database that does not answer (the drive is retried), and not a ``TimeoutError``,
     which out of a graph means the run's own time budget ran out."""
 
+    def __init__(self, message: str, tool_call_id: str) -> None:
+        super().__init__(message)
+        self.tool_call_id = tool_call_id
+        """The call whose outcome is still unknown."""
+
 
 async def _reconcile(spec: ToolSpec, args: BaseModel, tctx: ToolContext) -> Any | None:
     assert spec.reconcile is not None
@@ -166,7 +171,7 @@ async def _reconcile_in_time(spec: ToolSpec, args: BaseModel, tctx: ToolContext)
         return await asyncio.wait_for(_reconcile(spec, args, tctx), spec.timeout_s)
     except TimeoutError:
         raise ReconcileUnanswered(
-            f"{spec.ref} reconcile did not answer within {spec.timeout_s}s"
+            f"{spec.ref} reconcile did not answer within {spec.timeout_s}s", tctx.tool_call_id
         ) from None
 
 

@@ -4,7 +4,8 @@ A blip (a failover, a dropped connection) is retried, later and later, by whiche
 worker claims the run then. A failure that lasts (a full disk, a checkpoint the
 database keeps refusing) would re-drive the run forever: the ``max_failures``-th
 failed drive in a row ends it with CHECKPOINT_ERROR instead (DESIGN §8: state that
-cannot be persisted executes no further side effect).
+cannot be persisted executes no further side effect), or TOOL_OUTCOME_UNKNOWN where
+what failed each drive was a tool that never said what became of a call.
 
 A worker that dies (or stalls past its lease) mid-drive is replaced: the next one takes
 the run over from its checkpoint. A run that kills each worker it meets (a tool that
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from runtime.adapter import fail_run
 from runtime.cancelling import CallSetting, CutOff, fail_cut_off
 from runtime.errors import Code
+from runtime.ledger import ReconcileUnanswered
 from runtime.store.base import DriveStart, RunStore
 
 log = logging.getLogger("runtime.engine")
@@ -68,9 +70,18 @@ async def after_failed_drive(
         "database error while driving %s, %d in a row: failing the run",
         run_id, failures, exc_info=exc,
     )  # fmt: skip
+    code, call = Code.CHECKPOINT_ERROR, None
     message = f"{failures} drives in a row could not persist the run's state: {exc!r}"
+    if isinstance(exc, ReconcileUnanswered):
+        # Not the database: the tool never said what became of a call a drive that
+        # stopped left running. Its effect is a human's to find out.
+        code, call = Code.TOOL_OUTCOME_UNKNOWN, exc.tool_call_id
+        message = (
+            f"{failures} drives in a row could not learn what call {call} did ({exc}); "
+            "its outcome is unknown"
+        )
     try:
-        await fail_run(store, run_id, Code.CHECKPOINT_ERROR, message)
+        await fail_run(store, run_id, code, message, tool_call_id=call)
     except Exception:
         log.exception("could not record the failure of %s; handing it back", run_id)
         return retry.delay(failures)

@@ -116,11 +116,13 @@ class ToolCallQueries(StoreCore):
         return ToolCall.model_validate(_dec(row)) if row else None
 
     async def interrupt_running_calls(self, run_id: str, code: Code, message: str) -> None:
-        """Close the ledger rows a stopped run leaves ``running``: their effect is unknown."""
+        """Close the ledger rows a stopped run leaves ``running``: their effect is unknown
+        (``unknown`` where that is why the run stopped; ``cancelled`` otherwise)."""
+        status = "unknown" if code is Code.TOOL_OUTCOME_UNKNOWN else "cancelled"
         for row in await self.list_tool_calls(run_id):
             if row.status == "running":
                 error = {"code": code, "message": message}
-                await close_call(self, row, status="cancelled", error=error)
+                await close_call(self, row, status=status, error=error)
 
     async def claim_compensation(self, tool_call_id: str) -> bool:
         """True for exactly one caller: it alone runs the call's compensation.
