@@ -216,7 +216,8 @@ async def run_events(
         if not re.fullmatch(r"[0-9]{1,15}", last_event_id):
             raise RuntimeProblem(Code.VALIDATION_ERROR, "Last-Event-ID must be a sequence number")
         start = max(start, int(last_event_id))
-    if prefers(request.headers.get("accept", ""), "application/json", "text/event-stream"):
+    accept = ", ".join(request.headers.getlist("accept"))  # lines of one field, one list
+    if prefers(accept, "application/json", "text/event-stream"):
         events = await services.store.list_events(run.run_id, start, limit=limit + 1)
         page = JSONResponse([e.model_dump(mode="json") for e in events[:limit]])
         if len(events) > limit:
