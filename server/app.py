@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from runtime.agent import AgentSpec
 from server.api import problems
 from server.api.deps import Services
+from server.api.head import HeadAsGet
 from server.api.limits import RequestLimits
 from server.api.routes import approvals, audit, memory, probes, runs, system
 from server.auth.authenticate import Authenticator
@@ -53,6 +54,7 @@ def create_app(
     app.add_middleware(
         RequestLimits, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth
     )
+    app.add_middleware(HeadAsGet)  # outermost of ours: limits and routes see a GET
     app.include_router(runs.router)
     app.include_router(approvals.router)
     app.include_router(memory.router)

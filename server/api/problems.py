@@ -125,6 +125,8 @@ def install(app: FastAPI) -> None:
                     for route in request.app.router.routes
                 )
             ]
+            if "GET" in allowed:  # server/api/head.py
+                allowed.insert(allowed.index("GET") + 1, "HEAD")
             response.headers["Allow"] = ", ".join(allowed)
         return response
 

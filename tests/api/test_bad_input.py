@@ -148,7 +148,7 @@ async def test_unknown_approval_artifact_and_route_are_404(api: Api) -> None:
     assert_problem(await api.client.get("/nowhere"), 404, "NOT_FOUND")
     not_allowed = await api.client.delete("/runs")
     assert_problem(not_allowed, 405, "METHOD_NOT_ALLOWED")
-    assert set(not_allowed.headers["allow"].split(", ")) == {"GET", "POST"}
+    assert set(not_allowed.headers["allow"].split(", ")) == {"GET", "HEAD", "POST"}
 
 
 async def test_bad_decisions_queries_and_headers_are_422(api: Api) -> None:

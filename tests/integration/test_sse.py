@@ -143,3 +143,24 @@ def test_a_wait_whose_client_hangs_up_gives_its_slot_back(server: ServerProcess)
         assert again.status_code == 200, again.text
         assert again.headers["preference-applied"] == "wait=1"
         http.post(f"/runs/{run_id}/cancel")
+
+
+def test_head_of_a_live_stream_answers_at_once_and_holds_no_slot(server: ServerProcess) -> None:
+    """Under uvicorn: the headers of the stream, no body, the connection reusable, and
+    the caller's one stream slot free again for a real stream."""
+    server.env["AGENT_RUNTIME_MAX_STREAMS_PER_PRINCIPAL"] = "1"
+    server.start()
+    sse = {"Accept": "text/event-stream"}
+    with server.client() as http:
+        run_id = create_run(http, agent_id="slow_worker", input="sleep 30")
+        url = f"/runs/{run_id}/events"
+        head = http.head(url, headers=sse)
+        assert head.status_code == 200 and head.content == b""
+        assert head.headers["content-type"].startswith("text/event-stream")
+        for _ in range(100):
+            with http.stream("GET", url, headers=sse) as stream:
+                if stream.status_code == 200:
+                    break
+            time.sleep(0.05)
+        assert stream.status_code == 200
+        assert http.post(f"/runs/{run_id}/cancel").status_code in (200, 202)
