@@ -196,3 +196,37 @@ async def test_a_run_already_parked_answers_without_a_stream_slot(one_stream: Se
         assert resp.json()["state"] == "waiting_human"
         await api.client.post(f"/runs/{slow['run_id']}/cancel")
         await holder
+
+
+async def test_a_decision_repeated_on_an_ended_run_answers_without_a_stream_slot(
+    one_stream: Settings,
+) -> None:
+    """A repeat decides nothing and its run has ended: nothing to wait for, so not
+    refused while the approver's every slot is taken. A first decision is refused
+    before it decides (a 429 never follows a decision made anyway)."""
+    async with open_api(one_stream) as api:
+        parked = (
+            await api.client.post(
+                "/runs", json={"input": QUESTION, "context": EAST}, headers=waiting(30)
+            )
+        ).json()
+        path = f"/runs/{parked['run_id']}/approvals/{parked['pending_approval']['approval_id']}"
+        approve, wait = {"decision": "approve"}, {**MGR, **waiting(30)}
+        busy = api.engine_services.streams.acquire(("demo-retail", "u-mgr-002"), 1)
+        try:
+            refused = await api.client.post(path, json=approve, headers=wait)
+            problem(refused, 429, "TOO_MANY_STREAMS")
+            undecided = await api.engine_services.store.get_approval(path.rsplit("/", 1)[1])
+            assert undecided is not None and undecided.status == "pending"
+            busy()
+            first = await api.client.post(path, json=approve, headers=wait)
+            assert first.status_code == 202 and first.json()["run"]["state"] == "succeeded"
+            busy = api.engine_services.streams.acquire(("demo-retail", "u-mgr-002"), 1)
+
+            again = await api.client.post(path, json=approve, headers=wait)
+        finally:
+            busy()
+
+        assert again.status_code == 200, again.text
+        assert again.headers["preference-applied"] == "wait=30"
+        assert again.json()["run"]["state"] == "succeeded"

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
+from runtime.lifecycle import TERMINAL
 from runtime.model import Approval, ApprovalStatus, Run, Strict
 from server.api.deps import EngineDep, PrincipalDep, RunDep, ServicesDep, StoreDep
 from server.api.paging import next_link
@@ -92,7 +93,10 @@ async def decide(
         )
     wait_s = wait_preference(request, services.settings.max_wait_s)
     headers = dict(VARY)
-    with wait_slot(services, principal, wait_s):
+    # A first decision takes its slot before it decides (a 429 never follows a decision
+    # made anyway); a repeat decides nothing, and takes one only if it has to wait.
+    first = approval.status == "pending"
+    with wait_slot(services, principal, wait_s if first else None):
         approval, won = await engine.decide(
             run.run_id,
             approval_id,
@@ -106,11 +110,14 @@ async def decide(
             try:
                 now = await store.get_run(run.run_id)
                 if now is not None:
-                    answer["run"] = (await settled(services, request, now, wait_s)).model_dump(
-                        mode="json"
-                    )
+                    ended = now.state in TERMINAL
+                    with wait_slot(services, principal, None if first or ended else wait_s):
+                        waited = await settled(services, request, now, wait_s)
+                    answer["run"] = waited.model_dump(mode="json")
                     headers.update(applied(wait_s))
             except Exception:
+                if not won:  # this request decided nothing: its failure is the answer
+                    raise
                 # The decision is made: say so, not that deciding failed (the client
                 # would decide again and be told it had, or 409 for the other one).
                 log.warning("waiting after a decision on %s failed", run.run_id, exc_info=True)
