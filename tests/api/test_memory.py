@@ -4,7 +4,9 @@ the run's own tenant and user, from one run to the next."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import pytest
 from langgraph.store.memory import InMemoryStore
 
 from runtime.backend import open_backend
@@ -208,6 +210,36 @@ async def test_an_erasure_sent_many_times_at_once_is_on_the_trail_once(api: Api)
     # And what each whole erasure answered is what the trail says it erased.
     answered = sum(a.json()["forgotten"] for a in answers if a.status_code == 200)
     assert answered == sum(d.get("forgotten", 0) for d in erased)
+
+
+async def test_an_erasure_whose_client_hangs_up_is_still_on_the_trail(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client goes between the erasure and its audit entry: the entry is written
+    all the same (an erasure off the trail is one nobody can show was asked for)."""
+    assert api.engine.memory is not None
+    await Memory(api.engine.memory, OPS_TENANT, OPS_USER).put("size", {"value": "L"})
+    store = api.engine_services.store
+    record, recording, go_on = store.record_audit, asyncio.Event(), asyncio.Event()
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        recording.set()
+        await go_on.wait()
+        return await record(*args, **kwargs)
+
+    monkeypatch.setattr(store, "record_audit", held)
+    request = asyncio.create_task(api.client.delete("/memory/size"))
+    await asyncio.wait_for(recording.wait(), 30)  # a bound on a hang, not a speed
+    request.cancel()  # in-process, the client's task is the request's: it hangs up
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+
+    trail, _ = await store.page_audit(OPS_TENANT, limit=10, cursor=None)
+    assert [(e.action, e.detail) for e in trail] == [
+        ("memory.delete", {"item": content_hash({"sub": [], "key": "size"}), "items": 1})
+    ]
+    assert (await api.client.get("/memory")).json() == {}
 
 
 async def test_a_memory_the_api_could_not_name_is_not_written() -> None:
