@@ -128,6 +128,12 @@ class RunCommands:
         if won:
             self.wake()
             return approval, True
+        if approval.status == "expired":  # only a run's end expires its approvals
+            raise RuntimeProblem(
+                Code.RUN_STATE_CONFLICT,
+                f"run {run_id} has ended: its approval {approval_id} expired undecided",
+                approval_status=approval.status,
+            )
         if approval.status != status:
             raise RuntimeProblem(
                 Code.APPROVAL_CONFLICT,

@@ -106,3 +106,7 @@ async def test_a_run_whose_cancel_was_accepted_takes_no_decision(
         assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
         expired = await api.client.get(f"/approvals?state=expired&run_id={parked}")
         assert [a["approval_id"] for a in expired.json()] == [approval_id], expired.text
+        # Once the cancel is carried out, the same answer (not "decided differently":
+        # nobody decided it; the run ended and took its approvals with it).
+        late = problem(await api.decide(parked, approval_id, "approve"), 409, "RUN_STATE_CONFLICT")
+        assert late["approval_status"] == "expired", late
