@@ -1,5 +1,6 @@
 """Requests are checked before any route sees them: no NUL in the path or query
-(PostgreSQL text cannot hold one), and bodies are read whole, bounded.
+(PostgreSQL text cannot hold one), no %-escape that is not UTF-8, and bodies are read
+whole, bounded.
 
 Content-Length alone is no limit: a chunked body has none. And JSON nested a few
 thousand levels deep would blow the parser's (or a validator's) recursion before
@@ -43,6 +44,21 @@ def json_depth_over(body: bytes, limit: int) -> bool:
     return False
 
 
+def _unkeepable(raw_path: bytes, query: bytes) -> str | None:
+    """What is wrong with a path or query no store could keep as sent: a NUL
+    (PostgreSQL text cannot hold one), or percent-escapes that are not UTF-8 (decoded,
+    each would quietly become U+FFFD, and name something else)."""
+    for part in (raw_path, query):
+        text = unquote_to_bytes(part)
+        if b"\x00" in text:
+            return "the path or query contains a NUL character"
+        try:
+            text.decode()
+        except UnicodeDecodeError:
+            return "the path or query is not UTF-8 once its %-escapes are decoded"
+    return None
+
+
 class RequestLimits:
     def __init__(self, app: ASGIApp, *, max_bytes: int, max_depth: int) -> None:
         self.app = app
@@ -54,10 +70,10 @@ class RequestLimits:
             await self.app(scope, receive, send)
             return
         path = scope.get("path")
-        if "\x00" in (path or "") or b"\x00" in unquote_to_bytes(scope.get("query_string", b"")):
-            response = problem_response(
-                Code.VALIDATION_ERROR, "the path or query contains a NUL character", instance=None
-            )
+        problem = _unkeepable(scope.get("raw_path") or b"", scope.get("query_string", b""))
+        if problem is not None or "\x00" in (path or ""):
+            detail = problem or "the path or query contains a NUL character"
+            response = problem_response(Code.VALIDATION_ERROR, detail, instance=None)
             await response(scope, receive, send)
             return
         if scope["method"] not in _WITH_BODY:

@@ -131,3 +131,17 @@ async def test_active_runs_per_tenant_are_capped(limited: Settings) -> None:
 )
 async def test_nul_in_path_or_query_is_422(api: Api, url: str) -> None:
     problem(await api.client.get(url), 422, "VALIDATION_ERROR")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["/runs/run-%FF", "/runs?agent_id=%C3", "/approvals?run_id=a%E9b", "/memory?user_id=%FF"],
+)
+async def test_escapes_that_are_not_utf8_are_422_not_a_replacement_character(
+    api: Api, url: str
+) -> None:
+    """Decoded, %FF would be U+FFFD: a name the client never sent (and an erasure on
+    the audit trail under it)."""
+    found = problem(await api.client.get(url), 422, "VALIDATION_ERROR")
+    assert "UTF-8" in found["detail"]
+    assert (await api.client.delete(url)).status_code == 422

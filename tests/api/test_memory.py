@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from langgraph.store.memory import InMemoryStore
@@ -140,6 +141,20 @@ async def test_only_a_tenant_admin_reaches_another_users_memory(api: Api) -> Non
     assert (await api.client.get("/audit", headers=elsewhere)).json() == []
 
 
+@pytest.mark.parametrize("user_id", ["ann\u200b", "a\nb", "\u202eann", "x" * 201])
+async def test_an_admin_names_a_user_as_a_principal_could_be_named(api: Api, user_id: str) -> None:
+    """No principal has such a name: an erasure under it would go on the trail as one
+    of someone else's memory (an invisible character prints as nothing)."""
+    admin = bearer(roles=["admin"])
+    for method in ("GET", "DELETE"):
+        resp = await api.client.request(
+            method, "/memory", params={"user_id": user_id}, headers=admin
+        )
+        problem(resp, 422, "VALIDATION_ERROR")
+    trail, _ = await api.engine_services.store.page_audit(OPS_TENANT, limit=10, cursor=None)
+    assert trail == []
+
+
 async def test_a_users_memory_is_theirs_alone_whatever_the_ids(api: Api) -> None:
     backend = await open_backend(api.settings.resolved_database_url)
     try:
@@ -183,12 +198,15 @@ async def test_every_key_listed_can_be_forgotten_on_its_own(api: Api) -> None:
     assert api.engine.memory is not None
     mine = Memory(api.engine.memory, OPS_TENANT, OPS_USER)
     long_key = "k" * 1000
-    for key in ("a/b", long_key, "keep"):
+    odd = ["line\nbreak", "ends\n", "cr\rtab\t", "\u2028sep"]  # `.` of a route stops at \n
+    for key in ("a/b", long_key, "keep", *odd):
         await mine.put(key, {"v": key[:3]})
-    assert set((await api.client.get("/memory")).json()) == {"a/b", long_key, "keep"}
+    assert set((await api.client.get("/memory")).json()) == {"a/b", long_key, "keep", *odd}
 
     assert (await api.client.delete("/memory/a%2Fb")).status_code == 204
     assert (await api.client.delete(f"/memory/{long_key}")).status_code == 204
+    for key in odd:
+        assert (await api.client.delete(f"/memory/{quote(key)}")).status_code == 204, key
     assert set((await api.client.get("/memory")).json()) == {"keep"}
 
 

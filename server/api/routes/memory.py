@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import StringConstraints
+from starlette.convertors import Convertor, register_url_convertor
 
 from runtime.aio import KeyedLock, to_the_end
 from runtime.errors import Code, RuntimeProblem
@@ -24,7 +25,7 @@ from server.api.deps import EngineDep, PrincipalDep
 from server.api.paging import next_link
 from server.api.problems import PROBLEM_RESPONSES
 from server.auth import Principal
-from server.auth.principal import ADMIN
+from server.auth.principal import ADMIN, NAME_RULE, is_name
 
 router = APIRouter(tags=["memory"], responses=PROBLEM_RESPONSES)
 T = TypeVar("T")
@@ -43,6 +44,10 @@ SubQuery = Annotated[list[Label] | None, Query(max_length=MAX_DEPTH)]
 def memory_of(engine: EngineDep, principal: Principal, user_id: str | None) -> Memory:
     if engine.memory is None:
         raise RuntimeProblem(Code.NOT_FOUND, "this server keeps no long-term memory")
+    if user_id is not None and not is_name(user_id):
+        # No principal has such a name: the erasure would go on the trail under a
+        # subject that prints as someone else's ("ann\u200b" as "ann").
+        raise RuntimeProblem(Code.VALIDATION_ERROR, f"user_id must be {NAME_RULE}")
     user = user_id or principal.user_id
     if user != principal.user_id and not principal.has_role(ADMIN):
         raise RuntimeProblem(Code.ROLE_REQUIRED, "another user's memory needs a tenant admin")
@@ -116,8 +121,24 @@ async def list_memory(
     return items
 
 
-# ``:path``: a key may hold "/" (sent as is or as %2F), and any key listed can be erased.
-@router.delete("/memory/{key:path}", status_code=204)
+class AnyKey(Convertor[str]):
+    """Any text at all: a key may hold "/" (sent as is or as %2F) and line breaks
+    (Starlette's ``path`` is ``.*``, whose dot stops at a newline: a key an agent wrote
+    with one was listed, and could not be erased on its own)."""
+
+    regex = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("memory_key", AnyKey())
+
+
+@router.delete("/memory/{key:memory_key}", status_code=204)
 async def forget_one(
     key: Annotated[str, Path(min_length=1, max_length=MAX_KEY)],
     engine: EngineDep,
