@@ -136,6 +136,23 @@ class Engine(GraphDriving):
 
         ``max_active`` caps the runs of the request's tenant that are not yet parked or done.
         """
+        run, fingerprint = self._new_run(request)
+        run, created = await self.store.create_run(run, fingerprint, max_active=max_active)
+        if created:
+            self.wake()
+        return run, created
+
+    async def replayed(self, request: RunCreate) -> Run | None:
+        """The run a create with this request's idempotency key made already (None: no
+        key, or nothing made yet; IDEMPOTENCY_CONFLICT: made by another request)."""
+        if request.options.idempotency_key is None:
+            return None
+        run, fingerprint = self._new_run(request)
+        return await self.store.run_for_key(run, fingerprint)
+
+    def _new_run(self, request: RunCreate) -> tuple[Run, str]:
+        """The run a create makes of ``request``, and the request's fingerprint (what an
+        idempotency key is bound to)."""
         agent_id = request.agent_id or self.default_agent
         if agent_id not in self.agents:
             raise RuntimeProblem(Code.AGENT_NOT_FOUND, f"no agent {agent_id!r}")
@@ -155,10 +172,7 @@ class Engine(GraphDriving):
         fingerprint = content_hash(
             request.model_dump(mode="json", exclude={"options": {"idempotency_key"}})
         )
-        run, created = await self.store.create_run(run, fingerprint, max_active=max_active)
-        if created:
-            self.wake()
-        return run, created
+        return run, fingerprint
 
     # -- driving --------------------------------------------------------------
 

@@ -138,6 +138,12 @@ class RunStore(
         if row is not None and int(row["n"]) >= max_active:
             raise tenant_limit(max_active)
 
+    async def run_for_key(self, run: Run, request_hash: str) -> Run | None:
+        """The run created already with ``run``'s idempotency key, as :meth:`create_run`
+        would find it; nothing is written."""
+        async with self.read() as tx:
+            return await self._run_for_key(tx, run, request_hash)
+
     async def _run_for_key(self, tx: Tx, run: Run, request_hash: str) -> Run | None:
         key = run.options.idempotency_key
         if key is None:

@@ -198,6 +198,34 @@ async def test_a_run_already_parked_answers_without_a_stream_slot(one_stream: Se
         await holder
 
 
+async def test_a_create_replayed_on_a_parked_run_answers_without_a_stream_slot(
+    one_stream: Settings,
+) -> None:
+    """A client retrying its create (what an idempotency key is for) is not refused
+    while its every slot is taken: the replay makes nothing and waits for nothing."""
+    async with open_api(one_stream) as api:
+        body = {"input": QUESTION, "context": EAST}
+        keyed = {**waiting(30), "Idempotency-Key": "retry-me"}
+        parked = (await api.client.post("/runs", json=body, headers=keyed)).json()
+        assert parked["state"] == "waiting_human", parked
+        slow, holder = await hold_the_slot(api)
+        before = await count_runs(api)
+
+        again = await api.client.post("/runs", json=body, headers=keyed)
+        fresh = await api.client.post(
+            "/runs", json=body, headers={**keyed, "Idempotency-Key": "a-new-one"}
+        )
+
+        assert again.status_code == 200, again.text
+        assert again.headers["preference-applied"] == "wait=30"
+        assert again.json()["run_id"] == parked["run_id"]
+        assert again.json()["state"] == "waiting_human"
+        problem(fresh, 429, "TOO_MANY_STREAMS")  # a run it made would have to wait
+        assert await count_runs(api) == before
+        await api.client.post(f"/runs/{slow['run_id']}/cancel")
+        await holder
+
+
 async def test_a_decision_repeated_on_an_ended_run_answers_without_a_stream_slot(
     one_stream: Settings,
 ) -> None:

@@ -105,7 +105,14 @@ async def create_run(
             )
         body.options.idempotency_key = idempotency_key
     wait_s = wait_preference(request, services.settings.max_wait_s)
-    with wait_slot(services, principal, wait_s):
+    # The slot is taken before a run is made (a 429 never follows a run made anyway);
+    # a replay of a create whose run is parked or ended waits for nothing, and holds none.
+    slot = wait_s
+    if wait_s:
+        replayed = await engine.replayed(body)
+        if replayed is not None and await engine.settled_now(replayed.run_id) is not None:
+            slot = None
+    with wait_slot(services, principal, slot):
         run, created = await engine.create_run(
             body, max_active=services.settings.max_active_runs_per_tenant
         )
