@@ -65,6 +65,7 @@ class Code(StrEnum):
     NOT_FOUND = "NOT_FOUND"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
+    UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
     UNAVAILABLE = "UNAVAILABLE"
     INTERNAL_ERROR = "INTERNAL_ERROR"
 
@@ -128,6 +129,7 @@ CODES: dict[Code, CodeInfo] = {
     C.NOT_FOUND: CodeInfo("Not found", R.NONE, 404),
     C.METHOD_NOT_ALLOWED: CodeInfo("Method not allowed", R.NONE, 405),
     C.NOT_ACCEPTABLE: CodeInfo("Not acceptable", R.NONE, 406),
+    C.UNSUPPORTED_MEDIA_TYPE: CodeInfo("The body is not JSON", R.NONE, 415),
     C.UNAVAILABLE: CodeInfo("Service unavailable", R.RETRY, 503),
     C.INTERNAL_ERROR: CodeInfo("Internal error", R.NONE, 500),
 }

@@ -45,10 +45,12 @@ class RunContext(BaseModel):
 
 
 class BudgetLimits(Strict):
-    max_llm_calls: int | None = Field(default=None, ge=0, le=100_000)
+    # Spent before the first plan is checked, so none of the planner's can be zero (the
+    # run would fail before it started, LLM or not); a run may be allowed no tool call.
+    max_llm_calls: int | None = Field(default=None, ge=1, le=100_000)
     max_tool_calls: int | None = Field(default=None, ge=0, le=100_000)
-    max_tokens: int | None = Field(default=None, ge=0, le=1_000_000_000)
-    max_cost_usd: float | None = Field(default=None, ge=0, le=1_000_000)
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    max_cost_usd: float | None = Field(default=None, gt=0, le=1_000_000)
     timeout_s: float | None = Field(default=None, gt=0, le=30 * 86400)
 
 

@@ -1,6 +1,6 @@
 """Requests are checked before any route sees them: no NUL in the path or query
 (PostgreSQL text cannot hold one), no %-escape that is not UTF-8, and bodies are read
-whole, bounded.
+whole, bounded, and JSON by their Content-Type.
 
 Content-Length alone is no limit: a chunked body has none. And JSON nested a few
 thousand levels deep would blow the parser's (or a validator's) recursion before
@@ -42,6 +42,15 @@ def json_depth_over(body: bytes, limit: int) -> bool:
         elif byte in (0x5D, 0x7D):
             depth -= 1
     return False
+
+
+def is_json(media_type: bytes) -> bool:
+    """``application/json`` or ``application/…+json``, parameters aside (as FastAPI
+    reads a body as JSON)."""
+    essence = media_type.split(b";", 1)[0].strip().lower()
+    return essence == b"application/json" or (
+        essence.startswith(b"application/") and essence.endswith(b"+json")
+    )
 
 
 def _unkeepable(raw_path: bytes, query: bytes) -> str | None:
@@ -98,6 +107,18 @@ class RequestLimits:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        media_type = dict(scope["headers"]).get(b"content-type")
+        if body and (media_type is None or not is_json(media_type)):
+            # Read as JSON it may be, but FastAPI would not parse it (its content types
+            # are strict) and would answer that the object sent is not an object.
+            response = problem_response(
+                Code.UNSUPPORTED_MEDIA_TYPE,
+                "the body must be sent as Content-Type: application/json",
+                instance=path,
+            )
+            response.headers["Accept-Post"] = "application/json"  # RFC 9110 §15.5.16
+            await response(scope, receive, send)
+            return
         if json_depth_over(body, self.max_depth):
             response = problem_response(
                 Code.JSON_TOO_DEEP, f"JSON nests deeper than {self.max_depth}", instance=path

@@ -26,6 +26,7 @@ _HTTP_CODES = {
     405: Code.METHOD_NOT_ALLOWED,
     406: Code.NOT_ACCEPTABLE,
     413: Code.PAYLOAD_TOO_LARGE,
+    415: Code.UNSUPPORTED_MEDIA_TYPE,
     422: Code.VALIDATION_ERROR,
     400: Code.VALIDATION_ERROR,
 }
@@ -109,6 +110,15 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):
+            # FastAPI's 400 for a body its JSON parser refused other than by syntax
+            # (bytes that are not UTF-8, an integer past Python's 4,300 digits): 422,
+            # as every other body that cannot be read, with the reason.
+            return problem_response(
+                Code.VALIDATION_ERROR,
+                f"the body cannot be read as JSON: {str(exc.__cause__)[:200]}",
+                instance=request.url.path,
+            )
         code = _HTTP_CODES.get(exc.status_code, Code.INTERNAL_ERROR)
         response = problem_response(
             code, str(exc.detail), instance=request.url.path, status=exc.status_code

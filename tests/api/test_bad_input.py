@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -40,6 +41,11 @@ def assert_problem(resp: Any, status: int, code: str) -> dict[str, Any]:
         {"input": "q", "options": {"max_steps": -5}},
         {"input": "q", "options": {"max_steps": 10**12}},
         {"input": "q", "options": {"budget": {"max_tool_calls": -1}}},
+        # Checked before the first plan: a zero would fail the run before it started.
+        {"input": "q", "options": {"budget": {"max_llm_calls": 0}}},
+        {"input": "q", "options": {"budget": {"max_tokens": 0}}},
+        {"input": "q", "options": {"budget": {"max_cost_usd": 0}}},
+        {"input": "q", "options": {"budget": {"max_cost_usd": 1e-400}}},  # parsed as 0.0
         {"input": "q", "options": {"budget": {"timeout_s": 0}}},
         {"input": "q", "options": {"budget": {"max_cost_usd": 1e300}}},
         {"input": "q", "options": {"budget": {"gpu_hours": 3}}},
@@ -65,16 +71,35 @@ async def test_invalid_run_bodies_are_422_and_write_nothing(api: Api, body: Any)
     assert await run_count(api) == 0
 
 
-async def test_malformed_json_and_bad_encoding_are_4xx(api: Api) -> None:
-    for raw in (b'{"input": "q"', b'{"input": "\xff\xfe"}', b"\x00\x01"):
-        resp = await api.client.post(
-            "/runs", content=raw, headers={"Content-Type": "application/json"}
-        )
-        # FastAPI answers undecodable bytes with 400 and unparsable JSON with 422.
-        assert_problem(
-            resp, resp.status_code if resp.status_code in (400, 422) else 422, "VALIDATION_ERROR"
-        )
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"input": "q"',
+        b'{"input": "\xff\xfe"}',  # not UTF-8 (FastAPI alone: 400, and no reason)
+        b"\x00\x01",
+        b'{"input": "q", "context": {"n": ' + b"9" * 4301 + b"}}",  # past Python's digits
+    ],
+)
+async def test_malformed_json_and_bad_encoding_are_422(api: Api, raw: bytes) -> None:
+    resp = await api.client.post("/runs", content=raw, headers={"Content-Type": "application/json"})
+    assert assert_problem(resp, 422, "VALIDATION_ERROR")["detail"]
     assert await run_count(api) == 0
+
+
+@pytest.mark.parametrize(
+    "media_type", ["text/plain", "application/x-www-form-urlencoded", "application/xml", None]
+)
+async def test_a_body_not_sent_as_json_is_415(api: Api, media_type: str | None) -> None:
+    """Not "the object sent is not an object": what is wrong is the Content-Type."""
+    body = json.dumps(GOOD).encode()
+    sent = {} if media_type is None else {"Content-Type": media_type}
+    resp = await api.client.post("/runs", content=body, headers=sent)
+    assert_problem(resp, 415, "UNSUPPORTED_MEDIA_TYPE")
+    assert resp.headers["accept-post"] == "application/json"
+    assert await run_count(api) == 0
+    for fine in ("application/json; charset=utf-8", "Application/JSON", "application/x+json"):
+        created = await api.client.post("/runs", content=body, headers={"Content-Type": fine})
+        assert created.status_code == 201, (fine, created.text)
 
 
 @pytest.mark.parametrize(
