@@ -85,6 +85,22 @@ async def test_large_tool_output_is_an_artifact_not_a_checkpoint_blob(api: Api) 
 
     assert "sha256:" + hashlib.sha256(body.content).hexdigest() == report["artifact_id"]
 
+    # Its name is its content: a client holding it is told so, and sent nothing again.
+    etag = body.headers["etag"]
+    assert etag == f'"{report["artifact_id"]}"'
+    for held in (etag, f"W/{etag}", f'"sha256:other", {etag}', "*"):
+        again = await api.client.get(
+            f"/artifacts/{report['artifact_id']}", headers={"If-None-Match": held}
+        )
+        assert again.status_code == 304 and again.content == b"", held
+        assert again.headers["etag"] == etag and "immutable" in again.headers["cache-control"]
+    other = await api.client.get(
+        f"/artifacts/{report['artifact_id']}", headers={"If-None-Match": '"sha256:other"'}
+    )
+    assert other.status_code == 200 and other.content == body.content
+    gone = await api.client.get("/artifacts/sha256:" + "0" * 64, headers={"If-None-Match": "*"})
+    assert gone.status_code == 404  # "*" matches a representation that exists, only
+
 
 async def test_every_step_names_the_agent_that_decided_it(api: Api) -> None:
     """The test agents' graphs are built without an agent_id: the run's agent decided."""

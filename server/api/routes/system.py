@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Header, Response
 
 from graphs.run_graph import handoff_map
 from runtime.errors import Code, RuntimeProblem
@@ -37,12 +37,25 @@ async def list_agents(engine: EngineDep) -> list[dict[str, Any]]:
     tags=["artifacts"],
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
-async def get_artifact(artifact_id: str, store: StoreDep, principal: PrincipalDep) -> Response:
+async def get_artifact(
+    artifact_id: str,
+    store: StoreDep,
+    principal: PrincipalDep,
+    if_none_match: Annotated[str | None, Header(max_length=8192)] = None,
+) -> Response:
     # Another tenant's artifact is as absent as one that never was; the same bytes
     # written by two tenants are served to each under its own name.
     artifact = await store.artifact_for_tenant(artifact_id, principal.tenant_id)
-    found = await store.get_artifact(artifact_id) if artifact is not None else None
-    if artifact is None or found is None:
+    if artifact is None:
+        raise RuntimeProblem(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id}")
+    etag = f'"{artifact.artifact_id}"'
+    cached = {"ETag": etag, "Cache-Control": "private, max-age=31536000, immutable"}
+    if if_none_match is not None and _matches(if_none_match, etag):
+        # RFC 9110 §13.1.2: the client holds these bytes already (a name that is a
+        # hash of them); not read, nor sent, again.
+        return Response(status_code=304, headers=cached)
+    found = await store.get_artifact(artifact_id)
+    if found is None:
         raise RuntimeProblem(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id}")
     _, content = found
     disposition = "inline" if artifact.media_type in SAFE_INLINE else "attachment"
@@ -52,10 +65,16 @@ async def get_artifact(artifact_id: str, store: StoreDep, principal: PrincipalDe
         headers={
             "Content-Disposition": content_disposition(disposition, artifact.name),
             "X-Content-Type-Options": "nosniff",
-            "ETag": f'"{artifact.artifact_id}"',
-            "Cache-Control": "private, max-age=31536000, immutable",
+            **cached,
         },
     )
+
+
+def _matches(if_none_match: str, etag: str) -> bool:
+    """Whether an If-None-Match list names ``etag`` (weakly, as §13.1.2 compares) or is
+    ``*``."""
+    tags = [tag.strip() for tag in if_none_match.split(",")]
+    return "*" in tags or etag in (tag.removeprefix("W/") for tag in tags)
 
 
 @router.get("/readyz", tags=["health"], dependencies=[Depends(get_principal)])
