@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Final, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runtime.errors import Code
 from runtime.lifecycle import State
@@ -45,12 +45,10 @@ class RunContext(BaseModel):
 
 
 class BudgetLimits(Strict):
-    # Spent before the first plan is checked, so none of the planner's can be zero (the
-    # run would fail before it started, LLM or not); a run may be allowed no tool call.
-    max_llm_calls: int | None = Field(default=None, ge=1, le=100_000)
+    max_llm_calls: int | None = Field(default=None, ge=0, le=100_000)
     max_tool_calls: int | None = Field(default=None, ge=0, le=100_000)
-    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000_000)
-    max_cost_usd: float | None = Field(default=None, gt=0, le=1_000_000)
+    max_tokens: int | None = Field(default=None, ge=0, le=1_000_000_000)
+    max_cost_usd: float | None = Field(default=None, ge=0, le=1_000_000)
     timeout_s: float | None = Field(default=None, gt=0, le=30 * 86400)
 
 
@@ -65,6 +63,22 @@ class RunCreate(Strict):
     input: str = Field(min_length=1, max_length=MAX_INPUT_CHARS)
     context: RunContext = Field(default_factory=RunContext)
     options: RunOptions = Field(default_factory=RunOptions)
+
+    @field_validator("options")
+    @classmethod
+    def _budget_can_be_spent(cls, options: RunOptions) -> RunOptions:
+        # Spent before the first plan is checked, so none of the planner's budgets may
+        # be zero (the run would fail before it started, LLM or not); a run may be
+        # allowed no tool call. Asked of requests only: runs stored before kept theirs.
+        budget = options.budget
+        zero = [
+            name
+            for name in ("max_llm_calls", "max_tokens", "max_cost_usd")
+            if getattr(budget, name) == 0
+        ]
+        if zero:
+            raise ValueError(f"budget {', '.join(zero)} must be above zero")
+        return options
 
 
 class Limits(BaseModel):

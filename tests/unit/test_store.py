@@ -14,7 +14,7 @@ import pytest
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
-from runtime.model import Approval, utcnow
+from runtime.model import Approval, BudgetLimits, RunOptions, utcnow
 from runtime.store import leases
 from runtime.store.base import RunStore
 from runtime.store.leases import CLAIM_SPARE
@@ -135,6 +135,20 @@ async def test_a_created_run_is_stored_with_its_first_event(backend: object) -> 
     assert announced == [(run.run_id, 1, ["state"])]
     # The next event of the run follows on.
     assert await store.append_event(run.run_id, EventType.ERROR, {"code": "X"}) == 2
+
+
+async def test_a_run_stored_with_a_zero_budget_still_reads_back(backend: object) -> None:
+    """A request may no longer ask for zero LLM calls, tokens or cost (tests/api); runs
+    stored while it could are still read (the check is the request's, not the row's)."""
+    store = store_of(backend)
+    zero = BudgetLimits(max_llm_calls=0, max_tokens=0, max_cost_usd=0)
+    run = build_run().model_copy(update={"options": RunOptions(budget=zero)})
+    await store.create_run(run, "hash")
+
+    stored = await store.get_run(run.run_id)
+    assert stored is not None and stored.options.budget == zero
+    found = await store.get_run_drive(run.run_id)
+    assert found is not None and found[0].options.budget == zero
 
 
 async def test_concurrent_creates_never_pass_the_tenants_cap(backend: object) -> None:
