@@ -59,16 +59,17 @@ async def after_failed_drive(
     to drive the run again, or None once it is failed. Without ``give_up`` (a drive
     carrying out a cancel: failing the run otherwise would lose the cancel, and any
     compensation asked for) it is retried at the longest wait instead."""
+    what = "no answer from a tool" if isinstance(exc, ReconcileUnanswered) else "database error"
     if failures < retry.max_failures or not give_up:
         delay = retry.delay(failures)
         log.error(
-            "database error while driving %s (%d in a row); retrying in %.1fs",
-            run_id, failures, delay, exc_info=exc,
+            "%s while driving %s (%d in a row); retrying in %.1fs",
+            what, run_id, failures, delay, exc_info=exc,
         )  # fmt: skip
         return delay
     log.error(
-        "database error while driving %s, %d in a row: failing the run",
-        run_id, failures, exc_info=exc,
+        "%s while driving %s, %d in a row: failing the run",
+        what, run_id, failures, exc_info=exc,
     )  # fmt: skip
     code, call = Code.CHECKPOINT_ERROR, None
     message = f"{failures} drives in a row could not persist the run's state: {exc!r}"

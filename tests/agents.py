@@ -294,6 +294,13 @@ def second_guesser(view: PlannerView) -> Decision:
     return finish(f"{view.observations[-1].tool} done")
 
 
+def double_wirer(view: PlannerView) -> Decision:
+    """Two wires, of 7 and then 8, each a human must approve: a run that parks twice."""
+    if len(view.observations) < 2:
+        return call("wire", amount=7 + len(view.observations), hold_s=0)
+    return finish("both wired")
+
+
 def rememberer(view: PlannerView) -> Decision:
     """'remember <key> <value>' or 'recall <key>' in the user's long-term memory; its
     answer is the value recalled."""
@@ -342,6 +349,7 @@ SCRIPTS: dict[str, Script] = {
     "transferrer": transferrer,
     "rememberer": rememberer,
     "second_guesser": second_guesser,
+    "double_wirer": double_wirer,
     "broken": broken,
     "wanderer": wanderer,
 }

@@ -258,3 +258,32 @@ async def test_a_decision_repeated_on_an_ended_run_answers_without_a_stream_slot
         assert again.status_code == 200, again.text
         assert again.headers["preference-applied"] == "wait=30"
         assert again.json()["run"]["state"] == "succeeded"
+
+
+async def test_a_decision_repeated_on_a_run_parked_again_answers_without_a_stream_slot(
+    one_stream: Settings,
+) -> None:
+    """Parked on its next approval, the run has nothing to wait for either."""
+    async with open_api(one_stream) as api:
+        parked = (
+            await api.client.post(
+                "/runs", json={"agent_id": "double_wirer", "input": "x"}, headers=waiting(30)
+            )
+        ).json()
+        first_approval = parked["pending_approval"]["approval_id"]
+        path = f"/runs/{parked['run_id']}/approvals/{first_approval}"
+        approve, wait = {"decision": "approve"}, {**MGR, **waiting(30)}
+        first = await api.client.post(path, json=approve, headers=wait)
+        assert first.status_code == 202, first.text
+        again_parked = first.json()["run"]
+        assert again_parked["state"] == "waiting_human", again_parked
+        assert again_parked["pending_approval"]["approval_id"] != first_approval
+        busy = api.engine_services.streams.acquire(("demo-retail", "u-mgr-002"), 1)
+        try:
+            again = await api.client.post(path, json=approve, headers=wait)
+        finally:
+            busy()
+
+        assert again.status_code == 200, again.text
+        assert again.headers["preference-applied"] == "wait=30"
+        assert again.json()["run"] == again_parked

@@ -11,7 +11,6 @@ from pydantic import Field
 
 from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
-from runtime.lifecycle import TERMINAL
 from runtime.model import Approval, ApprovalStatus, Run, Strict
 from server.api.deps import EngineDep, PrincipalDep, RunDep, ServicesDep, StoreDep
 from server.api.paging import next_link
@@ -108,13 +107,18 @@ async def decide(
         answer = approval.model_dump(mode="json")
         if wait_s is not None:
             try:
-                now = await store.get_run(run.run_id)
-                if now is not None:
-                    ended = now.state in TERMINAL
-                    with wait_slot(services, principal, None if first or ended else wait_s):
+                # A repeat whose run is parked or ended has nothing to wait for.
+                at_rest = None if first else await engine.settled_now(run.run_id)
+                if at_rest is not None:
+                    waited = at_rest
+                else:
+                    now = await store.get_run(run.run_id)
+                    if now is None:
+                        raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run.run_id}")
+                    with wait_slot(services, principal, None if first else wait_s):
                         waited = await settled(services, request, now, wait_s)
-                    answer["run"] = waited.model_dump(mode="json")
-                    headers.update(applied(wait_s))
+                answer["run"] = waited.model_dump(mode="json")
+                headers.update(applied(wait_s))
             except Exception:
                 if not won:  # this request decided nothing: its failure is the answer
                     raise

@@ -107,10 +107,11 @@ async def create_run(
     wait_s = wait_preference(request, services.settings.max_wait_s)
     # The slot is taken before a run is made (a 429 never follows a run made anyway);
     # a replay of a create whose run is parked or ended waits for nothing, and holds none.
-    slot = wait_s
+    slot, at_rest = wait_s, None
     if wait_s:
         replayed = await engine.replayed(body)
-        if replayed is not None and await engine.settled_now(replayed.run_id) is not None:
+        at_rest = None if replayed is None else await engine.settled_now(replayed.run_id)
+        if at_rest is not None:
             slot = None
     with wait_slot(services, principal, slot):
         run, created = await engine.create_run(
@@ -119,7 +120,11 @@ async def create_run(
         headers = {"Location": str(request.url_for("get_run", run_id=run.run_id).path), **VARY}
         if wait_s is not None:
             try:
-                run = await settled(services, request, run, wait_s)
+                # Without a slot, no waiting: the replay answers with the run as found.
+                if at_rest is not None and not created and at_rest.run_id == run.run_id:
+                    run = at_rest
+                else:
+                    run = await settled(services, request, run, wait_s)
                 headers.update(applied(wait_s))
             except Exception:
                 # The run exists: say so (201 and where it is), not that creating failed,

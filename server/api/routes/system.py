@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, Header, Response
+from fastapi import APIRouter, Depends, Header, Request, Response
 
 from graphs.run_graph import handoff_map
 from runtime.errors import Code, RuntimeProblem
@@ -41,7 +41,9 @@ async def get_artifact(
     artifact_id: str,
     store: StoreDep,
     principal: PrincipalDep,
-    if_none_match: Annotated[str | None, Header(max_length=8192)] = None,
+    request: Request,
+    # Read with every If-None-Match line below; declared for the API's docs.
+    _if_none_match: Annotated[str | None, Header(alias="if-none-match")] = None,
 ) -> Response:
     # Another tenant's artifact is as absent as one that never was; the same bytes
     # written by two tenants are served to each under its own name.
@@ -50,7 +52,7 @@ async def get_artifact(
         raise RuntimeProblem(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id}")
     etag = f'"{artifact.artifact_id}"'
     cached = {"ETag": etag, "Cache-Control": "private, max-age=31536000, immutable"}
-    if if_none_match is not None and _matches(if_none_match, etag):
+    if _matches(request.headers.getlist("if-none-match"), etag):
         # RFC 9110 §13.1.2: the client holds these bytes already (a name that is a
         # hash of them); not read, nor sent, again.
         return Response(status_code=304, headers=cached)
@@ -70,10 +72,10 @@ async def get_artifact(
     )
 
 
-def _matches(if_none_match: str, etag: str) -> bool:
-    """Whether an If-None-Match list names ``etag`` (weakly, as §13.1.2 compares) or is
-    ``*``."""
-    tags = [tag.strip() for tag in if_none_match.split(",")]
+def _matches(if_none_match: list[str], etag: str) -> bool:
+    """Whether If-None-Match (its every line: one list) names ``etag`` (weakly, as
+    §13.1.2 compares) or is ``*``."""
+    tags = [tag.strip() for line in if_none_match for tag in line.split(",")]
     return "*" in tags or etag in (tag.removeprefix("W/") for tag in tags)
 
 
