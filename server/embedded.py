@@ -17,8 +17,9 @@ from pathlib import Path
 
 from runtime.backend import sqlite_path
 
-_locks: dict[Path, int] = {}
-"""The lock files this process holds, and the descriptor holding each."""
+_locks: dict[Path, tuple[int, int]] = {}
+"""The lock files this process holds, and the descriptors holding each and its
+database file."""
 _hosts: set[Path] = set()
 """The embedded databases a host of this process serves."""
 
@@ -31,8 +32,9 @@ def _forget_in_child() -> None:
     # A child forked without exec (multiprocessing, a process pool in a tool) would
     # share the lock and keep it after this process died. Closing its copy leaves the
     # parent's hold as it is: the lock goes with the last descriptor of its open file.
-    for fd in _locks.values():
-        os.close(fd)
+    for fds in _locks.values():
+        for fd in fds:
+            os.close(fd)
     _locks.clear()
     _hosts.clear()
 
@@ -40,41 +42,56 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
+def _in_use(database: Path, holder: str) -> EmbeddedInUse:
+    return EmbeddedInUse(
+        f"the embedded database {database} is served by another process"
+        f"{f' (pid {holder})' if holder else ''}: stop it first, or set "
+        "AGENT_RUNTIME_DATABASE_URL to a PostgreSQL database to run several"
+    )
+
+
 @contextmanager
 def _process_hold(database: Path) -> Iterator[None]:
-    """An advisory lock on ``<file>.host`` beside the database, which the kernel drops
-    when the process dies however it dies: a restart after SIGKILL takes it at once.
-    The file keeps the holder's pid, for the message; deleting it while a process
-    holds it would let a second one in."""
+    """Advisory locks the kernel drops when the process dies however it dies (a restart
+    after SIGKILL takes them at once): on ``<file>.host`` beside the database, which
+    keeps the holder's pid for the message, and on the database file itself, so that
+    the file under another name (a hard link, a bind mount), or with its ``.host``
+    deleted, is held all the same. ``flock``: on a local file system it does not meet
+    SQLite's own ``fcntl`` locks. The descriptor on the file is closed only once the
+    hold ends, after the host has closed its connections: closing any descriptor of a
+    file drops the process's ``fcntl`` locks on it, SQLite's included."""
     lock_path = database.with_name(database.name + ".host")
     if lock_path in _locks:  # held already: the CLI takes it before its host starts
         yield
         return
     database.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    file_fd = -1
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # An empty file is an empty database to SQLite.
+        file_fd = os.open(database, os.O_RDONLY | os.O_CREAT, 0o644)
+        fcntl.flock(file_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        os.close(fd)
-        raise EmbeddedInUse(
-            f"the embedded database {database} is served by another process"
-            f"{f' (pid {holder})' if holder else ''}: stop it first, or set "
-            "AGENT_RUNTIME_DATABASE_URL to a PostgreSQL database to run several"
-        ) from None
-    except BaseException:
-        os.close(fd)
+    except BaseException as exc:
+        # Refused on the file alone: held under another name, whose .host has the pid.
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() if file_fd < 0 else ""
+        for opened in (fd, file_fd):
+            if opened >= 0:
+                os.close(opened)
+        if isinstance(exc, BlockingIOError):
+            raise _in_use(database, holder) from None
         raise
-    _locks[lock_path] = fd
+    _locks[lock_path] = (fd, file_fd)
     try:
         yield
     finally:
-        # (A forked child that leaves the block has closed its copy already.)
-        if _locks.get(lock_path) == fd:
+        # (A forked child that leaves the block has closed its copies already.)
+        if _locks.get(lock_path) == (fd, file_fd):
             del _locks[lock_path]
-            os.close(fd)  # releases the lock
+            os.close(file_fd)
+            os.close(fd)  # releases the locks
 
 
 @contextmanager

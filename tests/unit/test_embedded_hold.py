@@ -53,6 +53,23 @@ def test_another_process_is_refused_by_any_path_to_the_file(tmp_path: Path) -> N
     assert ask_elsewhere(f"sqlite:///{alias}") == "held"  # released with the context
 
 
+def test_another_process_is_refused_by_another_name_of_the_file(tmp_path: Path) -> None:
+    """A hard link is the same file under another name (resolving it finds nothing to
+    compare), with a WAL of its own: two processes on it would each write over what the
+    other's WAL holds. Nor does deleting the ``.host`` beside the file let one in."""
+    db = tmp_path / "runtime.db"
+    (tmp_path / "other").mkdir()
+    linked = tmp_path / "other" / "linked.db"
+    with sole_host(f"sqlite:///{db}"):
+        os.link(db, linked)
+        said = ask_elsewhere(f"sqlite:///{linked}")
+        assert said.startswith("refused:") and "served by another process" in said, said
+        (tmp_path / "runtime.db.host").unlink()
+        said = ask_elsewhere(f"sqlite:///{db}")
+        assert said.startswith("refused:"), said
+    assert ask_elsewhere(f"sqlite:///{linked}") == "held"
+
+
 def test_a_second_host_in_this_process_is_refused_but_its_cli_hold_is_not(
     tmp_path: Path,
 ) -> None:
