@@ -44,17 +44,26 @@ class RunContext(BaseModel):
     scope: list[str] = Field(default_factory=list, max_length=MAX_SCOPES)
 
 
+MOST_STEPS = 10_000
+MOST_CALLS = 100_000
+MOST_TOKENS = 1_000_000_000
+MOST_COST_USD = 1_000_000
+MOST_TIMEOUT_S = 30 * 86400
+"""The largest budgets a run may have: a request asks for at most these, a server's
+ceilings are at most these."""
+
+
 class BudgetLimits(Strict):
-    max_llm_calls: int | None = Field(default=None, ge=0, le=100_000)
-    max_tool_calls: int | None = Field(default=None, ge=0, le=100_000)
-    max_tokens: int | None = Field(default=None, ge=0, le=1_000_000_000)
-    max_cost_usd: float | None = Field(default=None, ge=0, le=1_000_000)
-    timeout_s: float | None = Field(default=None, gt=0, le=30 * 86400)
+    max_llm_calls: int | None = Field(default=None, ge=0, le=MOST_CALLS)
+    max_tool_calls: int | None = Field(default=None, ge=0, le=MOST_CALLS)
+    max_tokens: int | None = Field(default=None, ge=0, le=MOST_TOKENS)
+    max_cost_usd: float | None = Field(default=None, ge=0, le=MOST_COST_USD)
+    timeout_s: float | None = Field(default=None, gt=0, le=MOST_TIMEOUT_S)
 
 
 class RunOptions(Strict):
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
-    max_steps: int | None = Field(default=None, ge=1, le=10_000)
+    max_steps: int | None = Field(default=None, ge=1, le=MOST_STEPS)
     budget: BudgetLimits = Field(default_factory=BudgetLimits)
 
 

@@ -66,6 +66,7 @@ from server.cli_client import (
 )
 
 if TYPE_CHECKING:
+    from runtime.agent import AgentSpec
     from server.settings import Settings
 
 EXIT_CODES = """\
@@ -87,7 +88,9 @@ def _logging(settings: Settings) -> None:
     logs.configure(settings.log_level)
 
 
-async def _run_worker(settings: Settings, metrics_at: tuple[str, int] | None) -> None:
+async def _run_worker(
+    settings: Settings, metrics_at: tuple[str, int] | None, agents: dict[str, AgentSpec]
+) -> None:
     from server.host import open_host
     from server.worker_http import ProbeServer, listen, probe_app
 
@@ -96,7 +99,7 @@ async def _run_worker(settings: Settings, metrics_at: tuple[str, int] | None) ->
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with open_host(settings, run_worker=True) as host:
+    async with open_host(settings, agents, run_worker=True) as host:
         probes = None
         if sock is not None:
             app = probe_app(settings, host.store, host.engine)
@@ -117,11 +120,16 @@ def _server_command(args: argparse.Namespace) -> int:
         # Held for the process's life from here, before uvicorn starts the app (whose
         # host takes it over): a second start fails in one line, not in a traceback.
         with sole_host(settings.resolved_database_url, host=False):
+            try:
+                agents = _preflight(settings)
+            except (ValueError, OSError, ImportError) as exc:
+                print(f"agent-runtime {args.command}: {exc}", file=sys.stderr)
+                return 2
             if args.command == "serve":
                 from server.app import create_app
                 from server.serving import serve
 
-                app = create_app(settings, run_worker=not args.no_worker)
+                app = create_app(settings, agents, run_worker=not args.no_worker)
                 serve(app, settings, args.host, args.port)
             elif args.command == "worker":
                 if args.concurrency is not None:
@@ -129,11 +137,27 @@ def _server_command(args: argparse.Namespace) -> int:
                 metrics_at = (
                     None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
                 )
-                _event_loop_run()(_run_worker(settings, metrics_at))
+                _event_loop_run()(_run_worker(settings, metrics_at, agents))
     except EmbeddedInUse as exc:
         print(f"agent-runtime {args.command}: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _preflight(settings: Settings) -> dict[str, AgentSpec]:
+    """What would otherwise fail inside the server's start, as a traceback: the token
+    keys, and the agents (their modules, the demo's planner model, the default)."""
+    from server.agents import load_agents
+    from server.auth.jwt_tokens import JwtVerifier
+
+    JwtVerifier(settings)
+    agents = load_agents(settings)
+    if settings.default_agent not in agents:
+        raise ValueError(
+            f"AGENT_RUNTIME_DEFAULT_AGENT: no agent {settings.default_agent!r} "
+            f"(there are {', '.join(sorted(agents))})"
+        )
+    return agents
 
 
 def _event_loop_run() -> Callable[[Coroutine[Any, Any, None]], None]:
@@ -330,14 +354,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command in ("serve", "worker"):
-        return _server_command(args)
-    if args.command in ("keys", "prune"):
-        from server import cli_admin
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command in ("serve", "worker"):
+            return _server_command(args)
+        if args.command in ("keys", "prune"):
+            from server import cli_admin
 
-        return cli_admin.run(getattr(cli_admin, args.command), args)
-    return client_command(args)
+            return cli_admin.run(getattr(cli_admin, args.command), args)
+        return client_command(args)
+    except KeyboardInterrupt:  # before a command's own handler: importing, parsing
+        print("agent-runtime: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        problem = _settings_problem(exc)
+        if problem is None:
+            raise
+        print(f"agent-runtime: {problem}", file=sys.stderr)
+        return 2
+
+
+def _settings_problem(exc: Exception) -> str | None:
+    """One line for settings that cannot be used (naming each variable), else None."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    if isinstance(exc, SettingsError):
+        return f"a setting cannot be read: {exc}"
+    if not (isinstance(exc, ValidationError) and exc.title == "Settings"):
+        return None
+    named = (
+        f"AGENT_RUNTIME_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}"
+        for error in exc.errors()
+    )
+    return "invalid settings: " + "; ".join(named)
 
 
 if __name__ == "__main__":

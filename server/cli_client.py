@@ -273,11 +273,20 @@ COMMANDS: dict[str, Callable[[Cli], int]] = {
 
 
 def client_command(args: argparse.Namespace) -> int:
+    import httpx
+
     from server.client import ApiError
 
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="replace")
-    cli = Cli(args)
+    try:
+        cli = Cli(args)
+    except httpx.InvalidURL as exc:
+        print(f"agent-runtime: --url is not a usable URL: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except UnicodeEncodeError as exc:  # a header holds ASCII only
+        print(f"agent-runtime: the token cannot be sent: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     try:
         with cli.client:
             return COMMANDS[args.command](cli)
@@ -287,6 +296,11 @@ def client_command(args: argparse.Namespace) -> int:
         else:
             status = f" (HTTP {exc.status})" if exc.status else ""
             cli.printer.note(f"agent-runtime: error {exc.code}{status}: {exc.detail}")
+        return EXIT_ERROR
+    except (UnicodeEncodeError, httpx.LocalProtocolError) as exc:
+        # An argument, or the token, that no request can carry: text that is not valid
+        # Unicode (undecodable bytes in argv), a header that is not one line of ASCII.
+        cli.printer.note(f"agent-runtime: an argument or the token cannot be sent: {exc}")
         return EXIT_ERROR
     except KeyboardInterrupt:
         cli.printer.note("agent-runtime: interrupted")

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.budget import Maxima
+from runtime.model import MOST_CALLS, MOST_COST_USD, MOST_STEPS, MOST_TIMEOUT_S, MOST_TOKENS
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="AGENT_RUNTIME_", extra="ignore")
+    # No inf or NaN anywhere: an infinite lease is never taken over, an infinite ceiling
+    # cannot be written into a run (JSON has no Infinity); every number has a bound.
+    model_config = SettingsConfigDict(
+        env_prefix="AGENT_RUNTIME_", extra="ignore", allow_inf_nan=False
+    )
 
     data_dir: Path = Path(".agent-runtime")
     """Embedded default: where the SQLite file, artifacts and the demo database live."""
@@ -26,14 +32,14 @@ class Settings(BaseSettings):
     ``openai:gpt-4o-mini``; needs the ``llm`` extra); unset: the deterministic planner."""
     extra_agents: list[str] = Field(default_factory=list)
     """Import paths ``module:function`` returning more AgentSpecs, e.g. from a plugin."""
-    max_body_bytes: int = Field(default=256 * 1024, ge=1)
+    max_body_bytes: int = Field(default=256 * 1024, ge=1, le=1 << 30)
     """Request bodies past this get 413, whether sent with Content-Length or chunked."""
-    max_json_depth: int = Field(default=32, ge=1)
+    max_json_depth: int = Field(default=32, ge=1, le=200)
     """Request JSON nested deeper than this gets 422 before anything parses it."""
-    max_active_runs_per_tenant: int = Field(default=100, ge=1)
+    max_active_runs_per_tenant: int = Field(default=100, ge=1, le=10_000_000)
     """Runs pending, planning or executing at once per tenant; past it POST /runs is 429.
     Runs parked waiting for a human do not count: they hold no worker."""
-    max_streams_per_principal: int = Field(default=10, ge=1)
+    max_streams_per_principal: int = Field(default=10, ge=1, le=1_000_000)
     """Open SSE streams (and `Prefer: wait` requests) per caller and server process;
     past it 429."""
     max_wait_s: int = Field(default=60, ge=0, le=3600)
@@ -53,44 +59,58 @@ class Settings(BaseSettings):
     """If set, a JWT's ``aud`` must contain it."""
     # A run's budget ceilings (a request may ask for less): none can be zero, or no run
     # would get anywhere.
-    max_steps: int = Field(default=50, ge=1)
-    max_llm_calls: int = Field(default=100, ge=1)
-    max_tool_calls: int = Field(default=200, ge=1)
-    max_tokens: int = Field(default=2_000_000, ge=1)
-    max_cost_usd: float = Field(default=50.0, gt=0)
-    max_timeout_s: float = Field(default=3600.0, gt=0)
-    sse_keepalive_s: float = Field(default=15.0, gt=0)
-    lease_seconds: float = Field(default=30.0, ge=1.0)
+    max_steps: int = Field(default=50, ge=1, le=MOST_STEPS)
+    max_llm_calls: int = Field(default=100, ge=1, le=MOST_CALLS)
+    max_tool_calls: int = Field(default=200, ge=1, le=MOST_CALLS)
+    max_tokens: int = Field(default=2_000_000, ge=1, le=MOST_TOKENS)
+    max_cost_usd: float = Field(default=50.0, gt=0, le=MOST_COST_USD)
+    max_timeout_s: float = Field(default=3600.0, gt=0, le=MOST_TIMEOUT_S)
+    sse_keepalive_s: float = Field(default=15.0, gt=0, le=3600)
+    lease_seconds: float = Field(default=30.0, ge=1.0, le=86_400)
     """How long a worker's claim on a run lasts without a heartbeat (renewed every third)."""
-    max_drive_failures: int = Field(default=5, ge=1)
+    max_drive_failures: int = Field(default=5, ge=1, le=1000)
     """Drives of a run in a row that may end on a database error (a checkpoint that
     cannot be written) before the run fails with CHECKPOINT_ERROR."""
-    max_takeovers: int = Field(default=3, ge=1)
+    max_takeovers: int = Field(default=3, ge=1, le=1000)
     """Takeovers of a run in a row (its worker died or stalled past the lease, and no
     step was checkpointed since the last) at which it is driven by a worker alone;
     killing that one too, it fails with RUN_CRASH_LOOP."""
-    drive_retry_seconds: float = Field(default=1.0, gt=0)
+    drive_retry_seconds: float = Field(default=1.0, gt=0, le=3600)
     """The wait before driving such a run again; doubled after each further failure, up
     to a minute."""
-    worker_concurrency: int = Field(default=8, ge=1)
+    worker_concurrency: int = Field(default=8, ge=1, le=100_000)
     """Runs one process drives at once."""
     db_pool_size: int = Field(default=10, ge=2, le=1000)
     """PostgreSQL connections one process keeps at most (run store, checkpointer and
     memory share them; each statement holds one only while it runs). At least 2: schema
     set-up holds an advisory lock on one while it migrates on another. The LISTEN
     connection for cross-process events comes on top."""
-    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    shutdown_grace_s: float = Field(default=10.0, ge=0, le=86_400)
     """On SIGTERM: how long current drives may finish before they are handed back."""
     retention_days: float | None = Field(default=None, gt=0, le=365_000)
     """Keep runs that ended (succeeded or failed) this many days, then delete them with
     their events, ledger, checkpoints and the artifacts no other run names; each
     worker prunes every ``retention_interval_s``. Unset: kept forever (``agent-runtime
     prune`` deletes on demand)."""
-    retention_interval_s: float = Field(default=3600.0, gt=0)
+    retention_interval_s: float = Field(default=3600.0, gt=0, le=365 * 86_400)
     metrics_token: SecretStr | None = None
     """Serve GET /metrics (Prometheus) to a scraper presenting this bearer token; unset,
     /metrics is 404. Not an API key: it reads counts across tenants, nothing else."""
-    log_level: str = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, url: str | None) -> str | None:
+        # Checked here, not when the store opens: inside uvicorn's start that would be
+        # a traceback, not a one-line refusal.
+        if url is not None and not url.startswith(("sqlite:///", "postgresql://", "postgres://")):
+            raise ValueError("must be sqlite:///<path> or postgresql://…")
+        return url
 
     @cached_property
     def resolved_database_url(self) -> str:

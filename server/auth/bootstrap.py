@@ -36,7 +36,11 @@ def read_local_keys(data_dir: Path) -> dict[str, str]:
         data = json.loads(local_keys_path(data_dir).read_text())
     except (OSError, ValueError):
         return {}
-    return {str(k): str(v["token"]) for k, v in data.items() if isinstance(v, dict)}
+    if not isinstance(data, dict):  # not the file we wrote: as if there were none
+        return {}
+    return {
+        str(k): str(v["token"]) for k, v in data.items() if isinstance(v, dict) and "token" in v
+    }
 
 
 def _write_private(path: Path, text: str) -> None:

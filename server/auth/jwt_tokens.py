@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import jwt
+from jwt.algorithms import RSAAlgorithm
 
 from server.auth.principal import NAME_RULE, Principal, is_name
 from server.settings import Settings
@@ -36,12 +37,21 @@ class JwtVerifier:
                 "RS256 JWTs need AGENT_RUNTIME_JWT_AUDIENCE and AGENT_RUNTIME_JWT_ISSUER, "
                 "or tokens issued for other applications would be accepted"
             )
+        # Keys are parsed now: one that cannot be would refuse every token, not the start.
         self._rs_key: Any = None
         if settings.jwt_public_key_file is not None:
-            self._rs_key = settings.jwt_public_key_file.read_text()
+            try:
+                self._rs_key = RSAAlgorithm(RSAAlgorithm.SHA256).prepare_key(
+                    settings.jwt_public_key_file.read_text()
+                )
+            except jwt.PyJWTError as exc:
+                raise ValueError(f"AGENT_RUNTIME_JWT_PUBLIC_KEY_FILE: {exc}") from exc
         self._jwks: jwt.PyJWKSet | None = None
         if settings.jwt_jwks_file is not None:
-            self._jwks = jwt.PyJWKSet.from_dict(json.loads(settings.jwt_jwks_file.read_text()))
+            try:
+                self._jwks = jwt.PyJWKSet.from_dict(json.loads(settings.jwt_jwks_file.read_text()))
+            except (jwt.PyJWTError, ValueError) as exc:
+                raise ValueError(f"AGENT_RUNTIME_JWT_JWKS_FILE: {exc}") from exc
 
     @property
     def enabled(self) -> bool:

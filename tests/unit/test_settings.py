@@ -25,6 +25,19 @@ from server.settings import Settings
         ("MAX_STREAMS_PER_PRINCIPAL", "0"),
         ("SSE_KEEPALIVE_S", "0"),
         ("SHUTDOWN_GRACE_S", "-1"),
+        # Unbounded: never taken over, not writable into a run (JSON has no Infinity),
+        # past 64 bits (no checkpoint can hold it), a wait that never ends.
+        ("LEASE_SECONDS", "inf"),
+        ("MAX_COST_USD", "inf"),
+        ("MAX_TIMEOUT_S", "Infinity"),
+        ("SHUTDOWN_GRACE_S", "inf"),
+        ("DRIVE_RETRY_SECONDS", "nan"),
+        ("MAX_TOKENS", "99999999999999999999999"),
+        ("MAX_STEPS", "100000"),  # more than any request may ask for
+        ("MAX_JSON_DEPTH", "5000"),  # deeper than the parser can recurse
+        ("DATABASE_URL", "mysql://db/x"),
+        ("DATABASE_URL", "sqlite://relative.db"),
+        ("LOG_LEVEL", "loud"),
     ],
 )
 def test_a_setting_no_server_can_work_with_is_refused(

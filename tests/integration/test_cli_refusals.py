@@ -1,0 +1,119 @@
+"""What the ``agent-runtime`` command refuses, it refuses in one line and with exit 2
+(README: usage errors), never with a traceback: settings no server can use, and
+arguments no request can carry. No server is needed for any of them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.server_proc import ROOT
+
+CLI = (sys.executable, "-m", "server.cli")
+
+
+def agent_runtime(
+    tmp_path: Path, *args: str | bytes, **env: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        cwd=ROOT,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("AGENT_RUNTIME_")},
+            "PYTHONPATH": str(ROOT),
+            "AGENT_RUNTIME_DATA_DIR": str(tmp_path / "data"),
+            "AGENT_RUNTIME_URL": "http://127.0.0.1:9",  # nothing listens: never reached
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def assert_one_line_refusal(done: subprocess.CompletedProcess[str], *says: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    for said in says:
+        assert said in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("LEASE_SECONDS", "inf"),  # never taken over: a dead worker's runs stay its own
+        ("MAX_COST_USD", "inf"),  # no JSON can carry it: every run's answer a 500
+        ("MAX_TOKENS", "99999999999999999999999"),  # past 64 bits: every checkpoint fails
+        ("WORKER_CONCURRENCY", "0"),
+        ("DATABASE_URL", "mysql://somewhere/db"),
+        ("LOG_LEVEL", "bogus"),
+    ],
+)
+@pytest.mark.parametrize("command", [("worker",), ("keys", "list"), ("runs",)])
+def test_settings_no_server_can_use_are_refused_in_one_line(
+    tmp_path: Path, command: tuple[str, ...], name: str, value: str
+) -> None:
+    done = agent_runtime(tmp_path, *command, **{f"AGENT_RUNTIME_{name}": value})
+    assert_one_line_refusal(done, f"AGENT_RUNTIME_{name}")
+
+
+def test_unreadable_settings_are_refused_in_one_line(tmp_path: Path) -> None:
+    done = agent_runtime(tmp_path, "worker", AGENT_RUNTIME_EXTRA_AGENTS="not json")
+    assert_one_line_refusal(done, "extra_agents")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--url", "http://[::1", "runs"),
+        ("--token", "café", "runs"),  # a header is ASCII
+        ("run", b"\xff"),  # bytes that are not UTF-8 in argv
+        ("show", b"run-\xff"),
+    ],
+)
+def test_arguments_no_request_can_carry_are_refused_in_one_line(
+    tmp_path: Path, args: tuple[str | bytes, ...]
+) -> None:
+    assert_one_line_refusal(agent_runtime(tmp_path, *args))
+
+
+def test_a_local_keys_file_that_is_not_ours_is_as_if_there_were_none(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "local-keys.json").write_text("[]")
+    done = agent_runtime(tmp_path, "runs")
+    assert_one_line_refusal(done, "SERVER_UNREACHABLE")
+
+
+@pytest.mark.parametrize("command", ["worker", "serve"])
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"AGENT_RUNTIME_DEFAULT_AGENT": "nobody"}, "AGENT_RUNTIME_DEFAULT_AGENT"),
+        ({"AGENT_RUNTIME_EXTRA_AGENTS": '["no.such.module:build"]'}, "EXTRA_AGENTS"),
+        ({"AGENT_RUNTIME_JWT_HS256_SECRET": "short"}, "JWT_HS256_SECRET"),
+        (
+            {
+                "AGENT_RUNTIME_JWT_PUBLIC_KEY_FILE": "KEY",  # a file of garbage, below
+                "AGENT_RUNTIME_JWT_ISSUER": "https://idp.example",
+                "AGENT_RUNTIME_JWT_AUDIENCE": "agent-runtime",
+            },
+            "JWT_PUBLIC_KEY_FILE",
+        ),
+    ],
+)
+def test_a_server_that_could_not_start_says_why_in_one_line(
+    tmp_path: Path, command: str, env: dict[str, str], says: str
+) -> None:
+    """Not a traceback from inside the server's start (and exit 3, which the client
+    commands use for a parked run); a key that cannot be parsed refused every token."""
+    garbage = tmp_path / "key.pem"
+    garbage.write_text("garbage")
+    env = {k: str(garbage) if v == "KEY" else v for k, v in env.items()}
+    # (serve would listen on a port of the system's choosing, had it started)
+    args = (command, "--port", "0") if command == "serve" else (command,)
+    done = agent_runtime(tmp_path, *args, **env)
+    assert_one_line_refusal(done, says)
