@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -116,41 +117,41 @@ def _server_command(args: argparse.Namespace) -> int:
 
     settings = Settings()
     _logging(settings)
-    try:
-        # Held for the process's life from here, before uvicorn starts the app (whose
-        # host takes it over): a second start fails in one line, not in a traceback.
-        with sole_host(settings.resolved_database_url, host=False):
-            try:
-                agents = _preflight(settings)
-            except (ValueError, OSError, ImportError) as exc:
-                print(f"agent-runtime {args.command}: {exc}", file=sys.stderr)
-                return 2
-            if args.command == "serve":
-                from server.app import create_app
-                from server.serving import serve
+    with contextlib.ExitStack() as held:
+        try:
+            # Held for the process's life from here, before uvicorn starts the app (whose
+            # host takes it over): a second start fails in one line, not in a traceback.
+            held.enter_context(sole_host(settings.resolved_database_url, host=False))
+            agents = _preflight(settings, serves_api=args.command == "serve")
+        except (EmbeddedInUse, ValueError, OSError, ImportError, ConnectionError) as exc:
+            print(f"agent-runtime {args.command}: {exc}", file=sys.stderr)
+            return 2
+        if args.command == "serve":
+            from server.app import create_app
+            from server.serving import serve
 
-                app = create_app(settings, agents, run_worker=not args.no_worker)
-                serve(app, settings, args.host, args.port)
-            elif args.command == "worker":
-                if args.concurrency is not None:
-                    settings.worker_concurrency = args.concurrency
-                metrics_at = (
-                    None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
-                )
-                _event_loop_run()(_run_worker(settings, metrics_at, agents))
-    except EmbeddedInUse as exc:
-        print(f"agent-runtime {args.command}: {exc}", file=sys.stderr)
-        return 2
+            app = create_app(settings, agents, run_worker=not args.no_worker)
+            serve(app, settings, args.host, args.port)
+        elif args.command == "worker":
+            if args.concurrency is not None:
+                settings.worker_concurrency = args.concurrency
+            metrics_at = (
+                None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
+            )
+            _event_loop_run()(_run_worker(settings, metrics_at, agents))
     return 0
 
 
-def _preflight(settings: Settings) -> dict[str, AgentSpec]:
+def _preflight(settings: Settings, *, serves_api: bool) -> dict[str, AgentSpec]:
     """What would otherwise fail inside the server's start, as a traceback: the token
-    keys, and the agents (their modules, the demo's planner model, the default)."""
+    keys (of a process that serves the API: a worker's probes take no token), the
+    database, and the agents (their modules, the demo's planner model, the default)."""
     from server.agents import load_agents
     from server.auth.jwt_tokens import JwtVerifier
 
-    JwtVerifier(settings)
+    if serves_api:
+        JwtVerifier(settings)
+    _reach_the_database(settings.resolved_database_url)
     agents = load_agents(settings)
     if settings.default_agent not in agents:
         raise ValueError(
@@ -158,6 +159,20 @@ def _preflight(settings: Settings) -> dict[str, AgentSpec]:
             f"(there are {', '.join(sorted(agents))})"
         )
     return agents
+
+
+def _reach_the_database(url: str) -> None:
+    """A PostgreSQL server that is not there, or refuses us: said in one line (the
+    pool would wait out its timeout and fail the start with a traceback)."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        return  # the embedded file: its directory is made, and checked, by the hold
+    import psycopg
+
+    try:
+        psycopg.connect(url, connect_timeout=10).close()
+    except psycopg.OperationalError as exc:
+        reason = " ".join(str(exc).split())  # psycopg's message spans lines
+        raise ConnectionError(f"cannot reach AGENT_RUNTIME_DATABASE_URL: {reason}") from exc
 
 
 def _event_loop_run() -> Callable[[Coroutine[Any, Any, None]], None]:
@@ -250,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keys_list = keys_sub.add_parser("list", help="list keys (never their secrets)")
     keys_list.add_argument("--tenant")
+    keys_list.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="one JSON list"
+    )
     revoke = keys_sub.add_parser("revoke", help="revoke a key at once")
     revoke.add_argument("key_id")
 

@@ -71,6 +71,22 @@ async def keys(args: argparse.Namespace) -> int:
             )
         elif args.keys_command == "list":
             rows = await store.list_api_keys(args.tenant)
+            if args.json:  # never the hash: what the table shows, as JSON
+                listed = [
+                    {
+                        "key_id": row.key_id,
+                        "tenant_id": row.tenant_id,
+                        "user_id": row.user_id,
+                        "roles": row.roles,
+                        "scopes": row.scopes,
+                        "label": row.label,
+                        "created_at": row.created_at.isoformat(),
+                        "revoked_at": row.revoked_at and row.revoked_at.isoformat(),
+                    }
+                    for row in rows
+                ]
+                print(json.dumps(listed))
+                rows = []
             for row in rows:
                 state = "revoked" if row.revoked_at else "active"
                 print(

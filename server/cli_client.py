@@ -41,6 +41,13 @@ def resolve_token(args: argparse.Namespace) -> str | None:
     return local.get(name)
 
 
+def as_json(value: Any, **kwargs: Any) -> str:
+    """JSON for ``--json``: as is on a UTF-8 stream; on any other, non-ASCII characters
+    as ``\\u`` escapes (the same JSON), never replaced with "?"."""
+    encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "")
+    return json.dumps(value, ensure_ascii=encoding != "utf8", **kwargs)
+
+
 def exit_code(state: str) -> int:
     if state == "succeeded":
         return EXIT_SUCCEEDED
@@ -71,7 +78,7 @@ class Cli:
         )
 
     def dump(self, value: Any) -> None:
-        self.printer.line(json.dumps(value, ensure_ascii=False, indent=2))
+        self.printer.line(as_json(value, indent=2))
 
     def follow(self, run_id: str, *, after: int = 0, anchor: str | None = None) -> JSON:
         """Show events until the run ends or parks; returns the run as it is then.
@@ -104,11 +111,7 @@ class Cli:
             # or before ``after`` sends nothing more, and following it would never end.
             hidden = int(event.get("seq") or 0) <= after
             if not hidden:
-                self.printer.line(
-                    json.dumps(event, ensure_ascii=False)
-                    if self.json
-                    else self.render.event(event, state)
-                )
+                self.printer.line(as_json(event) if self.json else self.render.event(event, state))
             if kind == "state" and self._stops_at(run_id, state, last_request):
                 break
             if not self.json and not hidden:
@@ -292,7 +295,7 @@ def client_command(args: argparse.Namespace) -> int:
             return COMMANDS[args.command](cli)
     except ApiError as exc:
         if cli.json:
-            cli.printer.note(json.dumps(exc.problem, ensure_ascii=False))
+            cli.printer.note(as_json(exc.problem))
         else:
             status = f" (HTTP {exc.status})" if exc.status else ""
             cli.printer.note(f"agent-runtime: error {exc.code}{status}: {exc.detail}")

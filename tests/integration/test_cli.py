@@ -162,6 +162,16 @@ def test_json_follow_reject_cancel_and_errors(server: ServerProcess) -> None:
 
     listed = json.loads(cli(server, "runs", "--json", "--state", "failed").stdout)["items"]
     assert {r["run_id"] for r in listed} == {rejected_run, run_id}
+    # On a stream that is not UTF-8, the same JSON: escaped, not "?" for each character.
+    ascii_out = subprocess.run(
+        [*CLI, "show", run_id, "--json"],
+        cwd=ROOT,
+        env={**cli_env(server), "PYTHONIOENCODING": "ascii"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ascii_out.stdout.isascii() and json.loads(ascii_out.stdout)["input"] == QUESTION
     table = cli(server, "runs", "--limit", "1").stdout.splitlines()
     assert table[0].split() == ["RUN", "STATE", "AGENT", "STEPS", "CREATED", "INPUT"]
     assert len(table) == 2 and table[1].startswith(run_id)
@@ -230,6 +240,13 @@ def test_keys_create_list_revoke(server: ServerProcess) -> None:
     assert listed.returncode == 0
     assert listed.stdout.split()[:3] == [key["key_id"], "acme/bob", "active"]
     assert key["token"] not in listed.stdout
+    for asked in (("keys", "list", "--tenant", "acme", "--json"), ("--json", "keys", "list")):
+        as_json = json.loads(cli(server, *asked).stdout)
+        mine_listed = [k for k in as_json if k["key_id"] == key["key_id"]]
+        assert [(k["tenant_id"], k["user_id"], k["revoked_at"]) for k in mine_listed] == [
+            ("acme", "bob", None)
+        ], as_json
+        assert all("hash" not in name for k in as_json for name in k)
 
     assert cli(server, "keys", "revoke", key["key_id"]).returncode == 0
     refused = cli(server, "runs", "--token", key["token"])

@@ -88,14 +88,21 @@ def test_a_local_keys_file_that_is_not_ours_is_as_if_there_were_none(tmp_path: P
     assert_one_line_refusal(done, "SERVER_UNREACHABLE")
 
 
-@pytest.mark.parametrize("command", ["worker", "serve"])
 @pytest.mark.parametrize(
-    ("env", "says"),
+    ("command", "env", "says"),
     [
-        ({"AGENT_RUNTIME_DEFAULT_AGENT": "nobody"}, "AGENT_RUNTIME_DEFAULT_AGENT"),
-        ({"AGENT_RUNTIME_EXTRA_AGENTS": '["no.such.module:build"]'}, "EXTRA_AGENTS"),
-        ({"AGENT_RUNTIME_JWT_HS256_SECRET": "short"}, "JWT_HS256_SECRET"),
+        *(
+            (command, {"AGENT_RUNTIME_DEFAULT_AGENT": "nobody"}, "AGENT_RUNTIME_DEFAULT_AGENT")
+            for command in ("worker", "serve")
+        ),
+        *(
+            (command, {"AGENT_RUNTIME_EXTRA_AGENTS": '["no.such.module:build"]'}, "EXTRA_AGENTS")
+            for command in ("worker", "serve")
+        ),
+        # (A worker serves no API: its token settings are not its to refuse.)
+        ("serve", {"AGENT_RUNTIME_JWT_HS256_SECRET": "short"}, "JWT_HS256_SECRET"),
         (
+            "serve",
             {
                 "AGENT_RUNTIME_JWT_PUBLIC_KEY_FILE": "KEY",  # a file of garbage, below
                 "AGENT_RUNTIME_JWT_ISSUER": "https://idp.example",
@@ -117,3 +124,18 @@ def test_a_server_that_could_not_start_says_why_in_one_line(
     args = (command, "--port", "0") if command == "serve" else (command,)
     done = agent_runtime(tmp_path, *args, **env)
     assert_one_line_refusal(done, says)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "postgresql://postgres@127.0.0.1:1/test",  # nothing listens there
+        "postgresql://postgres@127.0.0.1:5432/no_such_database_here",
+        "sqlite:///FILE/runtime.db",  # its directory is a file
+    ],
+)
+def test_a_database_that_cannot_be_reached_is_said_in_one_line(tmp_path: Path, where: str) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    url = where.replace("FILE", str(tmp_path / "file"))
+    done = agent_runtime(tmp_path, "worker", AGENT_RUNTIME_DATABASE_URL=url)
+    assert_one_line_refusal(done)
