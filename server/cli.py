@@ -123,7 +123,7 @@ def _server_command(args: argparse.Namespace) -> int:
             # host takes it over): a second start fails in one line, not in a traceback.
             held.enter_context(sole_host(settings.resolved_database_url, host=False))
             agents = _preflight(settings, serves_api=args.command == "serve")
-        except (EmbeddedInUse, ValueError, OSError, ImportError, ConnectionError) as exc:
+        except (EmbeddedInUse, ValueError, OSError, ImportError, RuntimeError) as exc:
             print(f"agent-runtime {args.command}: {exc}", file=sys.stderr)
             return 2
         if args.command == "serve":
@@ -173,6 +173,8 @@ def _reach_the_database(url: str) -> None:
     except psycopg.OperationalError as exc:
         reason = " ".join(str(exc).split())  # psycopg's message spans lines
         raise ConnectionError(f"cannot reach AGENT_RUNTIME_DATABASE_URL: {reason}") from exc
+    except psycopg.Error:  # libpq could not parse it; its message quotes it, password too
+        raise ValueError("AGENT_RUNTIME_DATABASE_URL is not a valid PostgreSQL URL") from None
 
 
 def _event_loop_run() -> Callable[[Coroutine[Any, Any, None]], None]:

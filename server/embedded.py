@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,10 +57,11 @@ def _process_hold(database: Path) -> Iterator[None]:
     after SIGKILL takes them at once): on ``<file>.host`` beside the database, which
     keeps the holder's pid for the message, and on the database file itself, so that
     the file under another name (a hard link, a bind mount), or with its ``.host``
-    deleted, is held all the same. ``flock``: on a local file system it does not meet
-    SQLite's own ``fcntl`` locks. The descriptor on the file is closed only once the
-    hold ends, after the host has closed its connections: closing any descriptor of a
-    file drops the process's ``fcntl`` locks on it, SQLite's included."""
+    deleted, is held all the same (on Linux only: there, on a local file system,
+    ``flock`` does not meet SQLite's own ``fcntl`` locks; on the BSDs and macOS it
+    may). The descriptor on the file is closed only once the hold ends, after the host
+    has closed its connections: closing any descriptor of a file drops the process's
+    ``fcntl`` locks on it, SQLite's included."""
     lock_path = database.with_name(database.name + ".host")
     if lock_path in _locks:  # held already: the CLI takes it before its host starts
         yield
@@ -69,9 +71,11 @@ def _process_hold(database: Path) -> Iterator[None]:
     file_fd = -1
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        # An empty file is an empty database to SQLite.
-        file_fd = os.open(database, os.O_RDONLY | os.O_CREAT, 0o644)
-        fcntl.flock(file_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if sys.platform == "linux":  # elsewhere flock may meet SQLite's fcntl locks
+            # An empty file is an empty database to SQLite; readable by its owner
+            # alone, as the store makes it (it holds secret arguments).
+            file_fd = os.open(database, os.O_RDONLY | os.O_CREAT, 0o600)
+            fcntl.flock(file_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
     except BaseException as exc:
@@ -90,7 +94,8 @@ def _process_hold(database: Path) -> Iterator[None]:
         # (A forked child that leaves the block has closed its copies already.)
         if _locks.get(lock_path) == (fd, file_fd):
             del _locks[lock_path]
-            os.close(file_fd)
+            if file_fd >= 0:
+                os.close(file_fd)
             os.close(fd)  # releases the locks
 
 

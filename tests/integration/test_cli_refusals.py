@@ -99,6 +99,7 @@ def test_a_local_keys_file_that_is_not_ours_is_as_if_there_were_none(tmp_path: P
             (command, {"AGENT_RUNTIME_EXTRA_AGENTS": '["no.such.module:build"]'}, "EXTRA_AGENTS")
             for command in ("worker", "serve")
         ),
+        ("worker", {"AGENT_RUNTIME_PLANNER_MODEL": "nowhere:no-model"}, "planner"),
         # (A worker serves no API: its token settings are not its to refuse.)
         ("serve", {"AGENT_RUNTIME_JWT_HS256_SECRET": "short"}, "JWT_HS256_SECRET"),
         (
@@ -132,6 +133,7 @@ def test_a_server_that_could_not_start_says_why_in_one_line(
         "postgresql://postgres@127.0.0.1:1/test",  # nothing listens there
         "postgresql://postgres@127.0.0.1:5432/no_such_database_here",
         "sqlite:///FILE/runtime.db",  # its directory is a file
+        "postgresql://postgres:s3cret@[::1/test",  # libpq cannot parse it
     ],
 )
 def test_a_database_that_cannot_be_reached_is_said_in_one_line(tmp_path: Path, where: str) -> None:
@@ -139,3 +141,4 @@ def test_a_database_that_cannot_be_reached_is_said_in_one_line(tmp_path: Path, w
     url = where.replace("FILE", str(tmp_path / "file"))
     done = agent_runtime(tmp_path, "worker", AGENT_RUNTIME_DATABASE_URL=url)
     assert_one_line_refusal(done)
+    assert "s3cret" not in done.stderr

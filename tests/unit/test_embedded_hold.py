@@ -70,6 +70,15 @@ def test_another_process_is_refused_by_another_name_of_the_file(tmp_path: Path) 
     assert ask_elsewhere(f"sqlite:///{linked}") == "held"
 
 
+def test_a_database_the_hold_creates_is_its_owners_alone(tmp_path: Path) -> None:
+    """The hold may be the first to create the file: it holds secret arguments."""
+    db = tmp_path / "runtime.db"
+    with sole_host(f"sqlite:///{db}"):
+        pass
+    if db.exists():  # (made on Linux, where the file itself is locked)
+        assert db.stat().st_mode & 0o777 == 0o600
+
+
 def test_a_second_host_in_this_process_is_refused_but_its_cli_hold_is_not(
     tmp_path: Path,
 ) -> None:
