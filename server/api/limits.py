@@ -88,7 +88,8 @@ class RequestLimits:
         if scope["method"] not in _WITH_BODY:
             await self.app(scope, receive, send)
             return
-        length = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             await self._too_large(scope, receive, send, path)
             return
@@ -107,7 +108,7 @@ class RequestLimits:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        media_type = dict(scope["headers"]).get(b"content-type")
+        media_type = headers.get(b"content-type")
         if body and (media_type is None or not is_json(media_type)):
             # Read as JSON it may be, but FastAPI would not parse it (its content types
             # are strict) and would answer that the object sent is not an object.

@@ -102,3 +102,18 @@ async def settled(services: Services, request: Request, run: Run, wait_s: int) -
     if now is None:  # pruned while we waited
         raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run.run_id}")
     return now
+
+
+async def settled_in_slot(
+    services: Services, principal: Principal, request: Request, run: Run, wait_s: int
+) -> Run:
+    """:func:`settled`, for a request that took no slot before: a run already parked or
+    ended answers at once and holds none (nor is refused); otherwise the wait holds one
+    of the caller's slots."""
+    if run.state in TERMINAL:
+        return run
+    at_rest = await services.engine.settled_now(run.run_id)
+    if at_rest is not None:
+        return at_rest
+    with wait_slot(services, principal, wait_s):
+        return await settled(services, request, run, wait_s)

@@ -16,7 +16,15 @@ from server.api.deps import EngineDep, PrincipalDep, RunDep, ServicesDep, StoreD
 from server.api.paging import next_link
 from server.api.problems import PROBLEM_RESPONSES
 from server.api.redaction import RunTools
-from server.api.waiting import PREFER_WAIT, VARY, applied, settled, wait_preference, wait_slot
+from server.api.waiting import (
+    PREFER_WAIT,
+    VARY,
+    applied,
+    settled,
+    settled_in_slot,
+    wait_preference,
+    wait_slot,
+)
 from server.auth.principal import APPROVER
 
 log = logging.getLogger(__name__)
@@ -107,16 +115,14 @@ async def decide(
         answer = approval.model_dump(mode="json")
         if wait_s is not None:
             try:
-                # A repeat whose run is parked or ended has nothing to wait for.
-                at_rest = None if first else await engine.settled_now(run.run_id)
-                if at_rest is not None:
-                    waited = at_rest
-                else:
-                    now = await store.get_run(run.run_id)
-                    if now is None:
-                        raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run.run_id}")
-                    with wait_slot(services, principal, None if first else wait_s):
-                        waited = await settled(services, request, now, wait_s)
+                now = await store.get_run(run.run_id)
+                if now is None:
+                    raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run.run_id}")
+                waited = (
+                    await settled(services, request, now, wait_s)  # in the slot taken above
+                    if first
+                    else await settled_in_slot(services, principal, request, now, wait_s)
+                )
                 answer["run"] = waited.model_dump(mode="json")
                 headers.update(applied(wait_s))
             except Exception:

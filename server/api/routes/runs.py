@@ -45,6 +45,7 @@ from server.api.waiting import (
     VARY,
     applied,
     settled,
+    settled_in_slot,
     wait_preference,
     wait_slot,
 )
@@ -197,14 +198,7 @@ async def get_run(
     if wait_s is None:
         return run
     response.headers.update(applied(wait_s))
-    if run.state in TERMINAL:
-        return run
-    # Parked already: nothing to wait for, so no stream slot held (nor refused).
-    at_rest = await services.engine.settled_now(run.run_id)
-    if at_rest is not None:
-        return at_rest
-    with wait_slot(services, principal, wait_s):
-        return await settled(services, request, run, wait_s)
+    return await settled_in_slot(services, principal, request, run, wait_s)
 
 
 @router.get(
