@@ -131,7 +131,8 @@ def _server_command(args: argparse.Namespace) -> int:
             from server.serving import serve
 
             app = create_app(settings, agents, run_worker=not args.no_worker)
-            serve(app, settings, args.host, args.port)
+            if not serve(app, settings, args.host, args.port):
+                return 2
         elif args.command == "worker":
             if args.concurrency is not None:
                 settings.worker_concurrency = args.concurrency
@@ -208,6 +209,32 @@ _days = _between(365_000, "days")
 _seconds = _between(86_400, "seconds")
 
 
+def _whole(least: int, most: Callable[[], int], what: str) -> Callable[[str], int]:
+    """An argument type: a whole number from ``least`` to ``most()`` (argparse's
+    ``int`` took any, and uvloop binds port 70000 as 4464)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"must be a whole number ({what})") from exc
+        if not least <= value <= most():
+            raise argparse.ArgumentTypeError(f"must be between {least} and {most()} ({what})")
+        return value
+
+    return parse
+
+
+def _most_concurrency() -> int:
+    from server.settings import MOST_CONCURRENCY  # pydantic: only when the flag is given
+
+    return MOST_CONCURRENCY
+
+
+_port = _whole(0, lambda: 65_535, "0: any free port")
+_concurrency = _whole(1, _most_concurrency, "runs driven at once")
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -242,14 +269,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the HTTP server (with an in-process worker)")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000, metavar="PORT")
     serve.add_argument("--no-worker", action="store_true", help="HTTP only; drive no runs")
     worker = sub.add_parser("worker", help="drive runs from the shared database, no HTTP")
-    worker.add_argument("--concurrency", type=int, default=None)
+    worker.add_argument(
+        "--concurrency", type=_concurrency, default=None, metavar="N", help="runs driven at once"
+    )
     worker.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         default=None,
+        metavar="PORT",
         help="serve GET /metrics (AGENT_RUNTIME_METRICS_TOKEN) and GET /healthz on this port",
     )
     worker.add_argument("--metrics-host", default="127.0.0.1")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import socket
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.config import STARTUP_FAILURE
 
 from server.settings import Settings
 from server.wire import PROTOCOLS
@@ -32,7 +32,9 @@ class Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(app: FastAPI, settings: Settings, host: str, port: int) -> None:
+def serve(app: FastAPI, settings: Settings, host: str, port: int) -> bool:
+    """Run until shut down; False if it could not start (uvicorn has logged why: the
+    port taken, say), which uvicorn would end with exit 3, our "parked" elsewhere."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -41,5 +43,12 @@ def serve(app: FastAPI, settings: Settings, host: str, port: int) -> None:
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
         **PROTOCOLS,
     )
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn re-raises it once done
+    try:
         Server(config, app).run()
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises it once done
+        pass
+    except SystemExit as exc:
+        if exc.code != STARTUP_FAILURE:
+            raise
+        return False
+    return True

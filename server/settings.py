@@ -12,6 +12,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from runtime.budget import Maxima
 from runtime.model import MOST_CALLS, MOST_COST_USD, MOST_STEPS, MOST_TIMEOUT_S, MOST_TOKENS
 
+MOST_CONCURRENCY = 100_000
+"""The most runs one process may drive at once (the setting, and `worker --concurrency`)."""
+
 
 class Settings(BaseSettings):
     # No inf or NaN anywhere: an infinite lease is never taken over, an infinite ceiling
@@ -78,7 +81,7 @@ class Settings(BaseSettings):
     drive_retry_seconds: float = Field(default=1.0, gt=0, le=3600)
     """The wait before driving such a run again; doubled after each further failure, up
     to a minute."""
-    worker_concurrency: int = Field(default=8, ge=1, le=100_000)
+    worker_concurrency: int = Field(default=8, ge=1, le=MOST_CONCURRENCY)
     """Runs one process drives at once."""
     db_pool_size: int = Field(default=10, ge=2, le=1000)
     """PostgreSQL connections one process keeps at most (run store, checkpointer and

@@ -5,6 +5,7 @@ arguments no request can carry. No server is needed for any of them."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,33 @@ def test_a_database_that_cannot_be_reached_is_said_in_one_line(tmp_path: Path, w
     done = agent_runtime(tmp_path, "worker", AGENT_RUNTIME_DATABASE_URL=url)
     assert_one_line_refusal(done)
     assert "s3cret" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("serve", "--port", "70000"), "--port"),  # uvloop bound it as port 4464
+        (("worker", "--metrics-port", "-1"), "--metrics-port"),
+        (("worker", "--concurrency", "0"), "--concurrency"),  # a worker driving nothing
+        (("worker", "--concurrency", "100001"), "--concurrency"),  # past the setting's bound
+    ],
+)
+def test_numbers_no_server_can_use_are_usage_errors(
+    tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    done = agent_runtime(tmp_path, *args)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+    assert f"error: argument {says}: must be between" in done.stderr, done.stderr
+    assert not (tmp_path / "data").exists()  # refused before anything was opened
+
+
+def test_a_port_already_taken_ends_serve_with_exit_2(tmp_path: Path) -> None:
+    """uvicorn logs why and would exit 3, which the client commands use for a parked run."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = agent_runtime(tmp_path, "serve", "--port", str(port))
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "address already in use" in done.stderr and "Traceback" not in done.stderr
