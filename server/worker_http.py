@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -49,7 +50,12 @@ def listen(bind: str, port: int) -> socket.socket:
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         return socket.create_server((bind, port), family=family)
     except OSError as exc:
-        raise SystemExit(f"cannot serve metrics on {bind}:{port}: {exc.strerror}") from None
+        # Exit 2, as every server start refused (1 is a failed run for the client commands).
+        print(
+            f"agent-runtime worker: cannot serve metrics on {bind}:{port}: {exc.strerror}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
 
 
 class _Server(uvicorn.Server):
