@@ -51,6 +51,23 @@ def _in_use(database: Path, holder: str) -> EmbeddedInUse:
     )
 
 
+def _flock_holder(fd: int) -> str:
+    """The pid holding a ``flock`` on ``fd``'s file, from /proc/locks ("" if none is
+    seen: another pid namespace shows 0, or the lock went meanwhile)."""
+    st = os.fstat(fd)
+    file_id = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as locks:
+            for line in locks:
+                # "3: FLOCK  ADVISORY  WRITE 11476 fe:00:2155237 0 EOF"
+                fields = line.split()
+                if fields[1:2] == ["FLOCK"] and fields[5:6] == [file_id] and fields[4] != "0":
+                    return fields[4]
+    except OSError:
+        pass
+    return ""
+
+
 @contextmanager
 def _process_hold(database: Path) -> Iterator[None]:
     """Advisory locks the kernel drops when the process dies however it dies (a restart
@@ -79,8 +96,10 @@ def _process_hold(database: Path) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
     except BaseException as exc:
-        # Refused on the file alone: held under another name, whose .host has the pid.
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() if file_fd < 0 else ""
+        if file_fd < 0:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        else:  # refused on the file alone: held under another name, with its own .host
+            holder = _flock_holder(file_fd)
         for opened in (fd, file_fd):
             if opened >= 0:
                 os.close(opened)
