@@ -20,7 +20,7 @@ class Settings(BaseSettings):
     # No inf or NaN anywhere: an infinite lease is never taken over, an infinite ceiling
     # cannot be written into a run (JSON has no Infinity); every number has a bound.
     model_config = SettingsConfigDict(
-        env_prefix="AGENT_RUNTIME_", extra="ignore", allow_inf_nan=False
+        env_prefix="AGENT_RUNTIME_", extra="ignore", allow_inf_nan=False, env_ignore_empty=True
     )
 
     data_dir: Path = Path(".agent-runtime")

@@ -56,3 +56,15 @@ def test_the_defaults_and_the_smallest_working_values_are_taken(
         monkeypatch.setenv(f"AGENT_RUNTIME_{name}", value)
     settings = Settings()
     assert (settings.lease_seconds, settings.worker_concurrency, settings.max_steps) == (1, 1, 1)
+
+
+def test_a_variable_set_empty_means_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``AGENT_RUNTIME_DATABASE_URL=`` in a compose file or a shell is "not set": the
+    embedded default, not a refusal (nor a number's or a secret's empty value)."""
+    for name in ("DATABASE_URL", "LEASE_SECONDS", "JWT_HS256_SECRET", "PLANNER_MODEL"):
+        monkeypatch.setenv(f"AGENT_RUNTIME_{name}", "")
+    monkeypatch.setenv("AGENT_RUNTIME_DATA_DIR", "/srv/agents")
+    settings = Settings()
+    assert settings.resolved_database_url == "sqlite:////srv/agents/runtime.db"
+    assert settings.lease_seconds == 30.0
+    assert settings.jwt_hs256_secret is None and settings.planner_model is None
