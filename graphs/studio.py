@@ -18,8 +18,9 @@ from pathlib import Path
 from graphs import report_writer as _report_writer
 from graphs.retail_analyst import AGENT_ID, build_agent
 
-_data_dir = Path(os.environ.get("AGENT_RUNTIME_DATA_DIR", ".agent-runtime"))
-_demo_db = Path(os.environ.get("AGENT_RUNTIME_DEMO_DB_PATH", _data_dir / "retail.db"))
+# Set empty is unset, as for the server's settings.
+_data_dir = Path(os.environ.get("AGENT_RUNTIME_DATA_DIR") or ".agent-runtime")
+_demo_db = Path(os.environ.get("AGENT_RUNTIME_DEMO_DB_PATH") or _data_dir / "retail.db")
 
 _agent = build_agent(_demo_db)
 _builder = _agent.builder

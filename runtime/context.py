@@ -53,7 +53,8 @@ _studio_runs: set[str] = set()
 
 
 def studio_db_path() -> Path:
-    return Path(os.environ.get("AGENT_RUNTIME_DATA_DIR", ".agent-runtime")) / "studio.db"
+    # Set empty is unset, as for the server's settings.
+    return Path(os.environ.get("AGENT_RUNTIME_DATA_DIR") or ".agent-runtime") / "studio.db"
 
 
 async def _studio_store() -> RunStore:
