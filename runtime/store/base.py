@@ -36,6 +36,7 @@ from runtime.store.core import (
     event_of,
 )
 from runtime.store.leases import LeaseQueries
+from runtime.store.records import RecordQueries, step_rows
 from runtime.store.retention import RetentionQueries
 from runtime.store.tool_calls import ToolCallQueries
 
@@ -91,10 +92,11 @@ class RunStore(
     ApiKeyQueries,
     AuditQueries,
     RetentionQueries,
+    RecordQueries,
     StoreCore,
 ):
     """Runs, steps and events here; the ledger, approvals, artifacts, leases, API keys,
-    the audit trail and retention mixed in."""
+    the audit trail, retention and a run's whole record mixed in."""
 
     # -- runs -----------------------------------------------------------------
 
@@ -407,10 +409,7 @@ class RunStore(
 
     async def list_steps(self, run_id: str) -> list[Step]:
         async with self.read() as tx:
-            rows = await tx.fetchall(
-                "SELECT * FROM steps WHERE run_id = ? ORDER BY step_index", (run_id,)
-            )
-        return [Step.model_validate(_dec(r)) for r in rows]
+            return await step_rows(tx, run_id)
 
 
 ACTIVE_STATES = (State.PENDING.value, State.PLANNING.value, State.EXECUTING.value)
@@ -444,11 +443,14 @@ def tenant_limit(max_active: int) -> RuntimeProblem:
 
 
 async def event_pages(
-    store: RunStore, run_id: str, after: int, limit: int = 1000
+    store: RunStore, run_id: str, after: int, limit: int = 1000, *, through: int | None = None
 ) -> AsyncIterator[list[Event]]:
-    """The run's log after ``after``, a page of at most ``limit`` events at a time."""
-    while True:
+    """The run's log after ``after`` (and up to ``through``), a page of at most
+    ``limit`` events at a time."""
+    while through is None or after < through:
         batch = await store.list_events(run_id, after, limit=limit)
+        if through is not None:
+            batch = [event for event in batch if event.seq <= through]
         if not batch:
             return
         yield batch

@@ -237,6 +237,10 @@ class StoreCore(ABC):
     def _read(self) -> AbstractAsyncContextManager[Tx]:
         """A connection for single-statement reads: no transaction block, no fence."""
 
+    @abstractmethod
+    def _snapshot(self) -> AbstractAsyncContextManager[Tx]:
+        """A read-only transaction: its statements see the database at one instant."""
+
     @asynccontextmanager
     async def tx(self) -> AsyncIterator[StoreTx]:
         """A writing transaction; on a drive's view it first writes the deferred state
@@ -322,6 +326,14 @@ class StoreCore(ABC):
         if runs:
             await self.flush()
         async with self._read() as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[Tx]:
+        """For several SELECTs that must agree with each other (a run and its steps,
+        ledger and log, read while it moves on): one read-only transaction."""
+        await self.flush()
+        async with self._snapshot() as conn:
             yield conn
 
     def fenced(self, run_id: str, lease_version: int) -> Self:

@@ -194,6 +194,13 @@ class PostgresRunStore(PgSingleStatements):
         return self._read()
 
     @asynccontextmanager
+    async def _snapshot(self) -> AsyncIterator[_PgTx]:
+        async with self.pool.connection() as conn, conn.transaction():
+            # (Autocommit connections: the transaction block is psycopg's BEGIN.)
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield _PgTx(conn)
+
+    @asynccontextmanager
     async def _read(self) -> AsyncIterator[_PgTx]:
         # Autocommit: one SELECT is one round trip, without BEGIN and COMMIT around it.
         async with self.pool.connection() as conn:

@@ -166,6 +166,17 @@ class SqliteRunStore(RunStore):
         async with self._lock:
             yield self._statements
 
+    @asynccontextmanager
+    async def _snapshot(self) -> AsyncIterator[_DirectTx | _ThreadTx]:
+        # A deferred BEGIN takes no lock: WAL gives its first SELECT a snapshot that
+        # later commits (the checkpointer's, an admin command's) do not change.
+        async with self._lock:
+            await self._statements.execute("BEGIN")
+            try:
+                yield self._statements
+            finally:
+                await to_the_end(self._rollback())  # nothing was written: no fsync
+
     async def _begin(self) -> None:
         statements = self._statements
         if not (isinstance(statements, _DirectTx) and statements.try_begin()):

@@ -10,6 +10,7 @@ from runtime.events import EventType
 from runtime.model import ToolCall
 from runtime.services import close_call
 from runtime.store.core import StoreCore, _dec, _enc, _ts
+from runtime.store.records import tool_call_rows
 
 
 class ToolCallQueries(StoreCore):
@@ -150,8 +151,4 @@ class ToolCallQueries(StoreCore):
 
     async def list_tool_calls(self, run_id: str) -> list[ToolCall]:
         async with self.read(runs=False) as tx:
-            rows = await tx.fetchall(
-                "SELECT * FROM tool_calls WHERE run_id = ? ORDER BY step_index, call_index",
-                (run_id,),
-            )
-        return [ToolCall.model_validate(_dec(r)) for r in rows]
+            return await tool_call_rows(tx, run_id)

@@ -8,10 +8,12 @@ header (RFC 8288), and a cursor of another list is a 422.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
 import httpx
+import pytest
 
 from runtime.memory import Memory
 from runtime.store.core import encode_cursor
@@ -99,6 +101,35 @@ async def test_the_trace_is_the_whole_record_however_long(api: Api) -> None:
     trace = Trace.model_validate(resp.json())
     assert [e.seq for e in trace.events] == list(range(1, last + 1))
     assert trace.run.run_id == run_id and trace.approvals and trace.steps
+
+
+async def test_the_trace_is_the_record_of_one_instant(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events appended while the trace's head is read (the run moving on) are not in
+    its log: the log ends where the run it shows stood."""
+    from runtime.events import EventType
+    from runtime.store import records
+
+    run_id, _, _ = await parked_demo_run(api)
+    store = api.engine_services.store
+    read_calls = records.tool_call_rows
+    late: list[asyncio.Task[int | None]] = []
+
+    async def calls_while_the_log_grows(tx: Any, of: str) -> list[Any]:
+        late.append(asyncio.create_task(store.append_event(run_id, EventType.ERROR, {"late": 1})))
+        await asyncio.sleep(0.2)
+        return await read_calls(tx, of)
+
+    monkeypatch.setattr(records, "tool_call_rows", calls_while_the_log_grows)
+    resp = await api.client.get(f"/runs/{run_id}/trace")
+    assert late, "the trace reads the record's tool calls"
+    late_seq = await late[0]
+    assert late_seq is not None
+
+    trace = resp.json()
+    assert [e["seq"] for e in trace["events"]] == list(range(1, late_seq))
+    assert trace["events"][-1]["data"]["to"] == trace["run"]["state"] == "waiting_human"
 
 
 async def test_a_users_memory_pages(api: Api) -> None:

@@ -259,9 +259,13 @@ async def run_tool_calls(run: RunDep, store: StoreDep, engine: EngineDep) -> lis
 
 @router.get("/runs/{run_id}/trace", response_model=Trace)
 async def run_trace(run: RunDep, store: StoreDep, engine: EngineDep) -> StreamingResponse:
-    """The whole record, its events streamed (server.api.trace): no cap, no page."""
-    head = await trace_head(store, RunTools(engine, run), run)
-    return StreamingResponse(trace_body(store, run.run_id, head), media_type="application/json")
+    """The whole record as of one instant, its events streamed (server.api.trace): no
+    cap, no page."""
+    record = await store.run_record(run.run_id)
+    if record is None:  # pruned since it was authorised
+        raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run.run_id} not found")
+    head = trace_head(RunTools(engine, record.run), record)
+    return StreamingResponse(trace_body(store, record, head), media_type="application/json")
 
 
 class PlannerContext(BaseModel):
