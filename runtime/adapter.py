@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from runtime.errors import CODES, Code, RuntimeProblem
+from runtime.errors import CODES, Code, Recovery, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger, forward_trigger
 from runtime.model import Outcome, PendingApproval, Run
@@ -172,7 +172,12 @@ async def _fail_run(
         side_effects=happened,
         compensations=compensations if compensations is not None else compensated,
     )
-    error = {"code": code.value, "message": message, "recovery": CODES[code].recovery.value}
+    recovery = CODES[code].recovery
+    if recovery is Recovery.COMPENSATE and not outcome.compensations:
+        # The event says what the runtime did (runtime.errors): a cancel that undid
+        # nothing (none asked for, or none that took effect) compensated nothing.
+        recovery = Recovery.NONE
+    error = {"code": code.value, "message": message, "recovery": recovery.value}
     if tool_call_id is not None:
         error["tool_call_id"] = tool_call_id
     progress: dict[str, Any] = {} if usage is None else {"usage": usage}

@@ -42,6 +42,13 @@ async def cancel_mid_transfer(
     return resp.json(), call
 
 
+async def final_recovery(api: Api, run_id: str) -> str:
+    """The recovery of the run's last error event: what the runtime did about the end."""
+    errors = [e for e in await api.events(run_id) if e["type"] == "error"]
+    assert errors[-1]["data"]["code"] == "RUN_CANCELLED"
+    return str(errors[-1]["data"]["recovery"])
+
+
 async def test_an_effect_that_took_place_is_recorded_and_compensated(api: Api) -> None:
     final, call = await cancel_mid_transfer(api, "first", compensate=True)
 
@@ -51,6 +58,7 @@ async def test_an_effect_that_took_place_is_recorded_and_compensated(api: Api) -
     assert final["outcome"]["side_effects"] == [call["tool_call_id"]]
     assert final["outcome"]["compensations"] == [call["tool_call_id"]]
     assert call["compensated"] is True
+    assert await final_recovery(api, final["run_id"]) == "compensate"
     key = call["idempotency_key"]
     assert transfer_lines(api.settings.data_dir) == [f"{key} 5", f"{key} refund"]
 
@@ -63,6 +71,7 @@ async def test_an_effect_that_did_not_take_place_is_not_reported(api: Api) -> No
     assert call["error"]["code"] == "RUN_CANCELLED" and call["error"]["took_effect"] is False
     assert final["outcome"]["side_effects"] == []
     assert final["outcome"]["compensations"] == []
+    assert await final_recovery(api, final["run_id"]) == "none"  # nothing to undo
     assert transfer_lines(api.settings.data_dir) == []  # and no refund of nothing
 
 
@@ -72,6 +81,7 @@ async def test_without_compensation_the_effect_is_still_reported(api: Api) -> No
     assert call["status"] == "succeeded"
     assert final["outcome"]["side_effects"] == [call["tool_call_id"]]
     assert final["outcome"]["compensations"] == []
+    assert await final_recovery(api, final["run_id"]) == "none"  # the effect stands
     assert transfer_lines(api.settings.data_dir) == [f"{call['idempotency_key']} 5"]
     # Asking for compensation once the cancel is done is too late, and said so: it was
     # answered 200, and nobody ever compensated.
