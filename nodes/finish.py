@@ -7,6 +7,8 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from runtime.context import Context, services
+from runtime.errors import CODES, Code
+from runtime.events import EventType
 from runtime.model import Decision
 from runtime.state import RunState
 
@@ -33,10 +35,26 @@ def refusal(state: RunState, problems: list[str]) -> dict[str, Any]:
         "step_index": state["step_index"],
         "tool_call_id": "",
         "tool": "finish",
-        "status": "FINISH_REFUSED",
+        "status": Code.FINISH_REFUSED.value,
         "summary": "; ".join(problems),
         "error": "; ".join(problems),
     }
+
+
+async def record_refusal(ctx: Context, step: int, problems: list[str]) -> None:
+    """On the run's log too: a step that proposed to finish, followed by another, is
+    explained there (an auditor does not read the planner's observations)."""
+    await ctx.store.append_event(
+        ctx.run_id,
+        EventType.ERROR,
+        {
+            "code": Code.FINISH_REFUSED,
+            "message": "; ".join(problems),
+            "step_index": step,
+            "recovery": CODES[Code.FINISH_REFUSED].recovery,
+        },
+        dedupe_key=f"finish-refused:{step}",  # the node may run again on a resume
+    )
 
 
 def make_finish_node() -> NodeFn:
@@ -45,6 +63,7 @@ def make_finish_node() -> NodeFn:
         decision = Decision.model_validate(state["decision"])
         problems = await terminal_problems(state, ctx)
         if problems:
+            await record_refusal(ctx, state["step_index"], problems)
             return {
                 "observations": [refusal(state, problems)],
                 "memory_version": state.get("memory_version", 0) + 1,

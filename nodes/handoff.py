@@ -19,7 +19,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from nodes.finish import refusal, terminal_problems
+from nodes.finish import record_refusal, refusal, terminal_problems
 from runtime import ids
 from runtime.context import Context, services
 from runtime.errors import Code, Recovery
@@ -176,6 +176,7 @@ def make_handback_node() -> NodeFn:
         decision = Decision.model_validate(state["decision"])
         problems = await terminal_problems(state, ctx)
         if problems:
+            await record_refusal(ctx, state["step_index"], problems)
             return tagged(
                 {
                     "observations": [refusal(state, problems)],

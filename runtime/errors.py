@@ -42,6 +42,7 @@ class Code(StrEnum):
     WORKER_LOST = "WORKER_LOST"
     RUN_CRASH_LOOP = "RUN_CRASH_LOOP"
     CALL_NOT_RUN = "CALL_NOT_RUN"
+    FINISH_REFUSED = "FINISH_REFUSED"
     # API problems.
     VALIDATION_ERROR = "VALIDATION_ERROR"
     RUN_NOT_FOUND = "RUN_NOT_FOUND"
@@ -96,6 +97,9 @@ CODES: dict[Code, CodeInfo] = {
     C.CHECKPOINT_ERROR: CodeInfo("State cannot be persisted", R.RESUME, 503),
     C.CALL_NOT_RUN: CodeInfo(
         "A call was not run: a rejection sent its step back to the planner", R.REPLAN, 409
+    ),
+    C.FINISH_REFUSED: CodeInfo(
+        "The planner proposed to finish while work was open: it plans again", R.REPLAN, 409
     ),
     C.WORKER_LOST: CodeInfo(
         "The worker driving the run stopped; another resumed it from its checkpoint",

@@ -46,6 +46,14 @@ async def test_finish_refuses_while_an_approval_is_pending(env: NodeEnv) -> None
     [obs] = update["observations"]
     assert obs["status"] == "FINISH_REFUSED" and "approval" in obs["error"]
     assert "result" not in update and "outcome" not in update and update["memory_version"] == 3
+    # The log says why the run went on after a step that proposed to finish, once
+    # however often the node runs (a resume runs it again).
+    await make_finish_node()(env.state(finish("done"), memory_version=2), env.runtime)
+    refused = [e for e in await env.store.list_events(env.run_id) if e.type == "error"]
+    assert [(e.data["code"], e.data["recovery"], e.data["step_index"]) for e in refused] == [
+        ("FINISH_REFUSED", "replan", obs["step_index"])
+    ]
+    assert "approval" in refused[0].data["message"]
 
 
 async def test_finish_refuses_with_calls_still_queued(env: NodeEnv) -> None:
