@@ -51,14 +51,21 @@ def create_app(
     )
     problems.install(app)
 
+    routers = [
+        runs.router,
+        approvals.router,
+        memory.router,
+        audit.router,
+        system.router,
+        probes.router,
+    ]
     app.add_middleware(
-        RequestLimits, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth
+        RequestLimits,
+        max_bytes=settings.max_body_bytes,
+        max_depth=settings.max_json_depth,
+        routers=routers,
     )
     app.add_middleware(HeadAsGet)  # outermost of ours: limits and routes see a GET
-    app.include_router(runs.router)
-    app.include_router(approvals.router)
-    app.include_router(memory.router)
-    app.include_router(audit.router)
-    app.include_router(system.router)
-    app.include_router(probes.router)
+    for router in routers:
+        app.include_router(router)
     return app

@@ -9,8 +9,12 @@ any schema is checked, so depth is counted on the raw bytes first.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from urllib.parse import unquote_to_bytes
 
+from fastapi import APIRouter
+from fastapi.routing import APIRoute
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.errors import Code
@@ -69,10 +73,24 @@ def _unkeepable(raw_path: bytes, query: bytes) -> str | None:
 
 
 class RequestLimits:
-    def __init__(self, app: ASGIApp, *, max_bytes: int, max_depth: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_bytes: int, max_depth: int, routers: Sequence[APIRouter]
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_depth = max_depth
+        self.body_routes = [
+            route
+            for router in routers
+            for route in router.routes
+            if isinstance(route, APIRoute) and route.body_field is not None
+        ]
+
+    def _reads_a_body(self, scope: Scope) -> bool:
+        """Whether a route that takes a body answers the request: elsewhere the
+        routing's own answer (404, 405), or the route's, which ignores the body, is
+        the right one, not 415."""
+        return any(route.matches(scope)[0] is Match.FULL for route in self.body_routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -109,7 +127,7 @@ class RequestLimits:
                 break
         body = b"".join(chunks)
         media_type = headers.get(b"content-type")
-        if body and (media_type is None or not is_json(media_type)):
+        if body and (media_type is None or not is_json(media_type)) and self._reads_a_body(scope):
             # Read as JSON it may be, but FastAPI would not parse it (its content types
             # are strict) and would answer that the object sent is not an object.
             response = problem_response(

@@ -87,6 +87,29 @@ async def test_malformed_json_and_bad_encoding_are_422(api: Api, raw: bytes) -> 
 
 
 @pytest.mark.parametrize(
+    ("path", "status", "code"),
+    [("/nowhere", 404, "NOT_FOUND"), ("/healthz", 405, "METHOD_NOT_ALLOWED")],
+)
+async def test_a_body_not_sent_as_json_to_no_route_that_reads_one_is_not_415(
+    api: Api, path: str, status: int, code: str
+) -> None:
+    """What is wrong there is the path or the method, not the body's type."""
+    resp = await api.client.post(path, content=b"hello", headers={"Content-Type": "text/plain"})
+    assert_problem(resp, status, code)
+
+
+async def test_a_body_a_route_may_go_without_is_still_415_if_not_json(api: Api) -> None:
+    """A cancel's body is optional: read as none, {"compensate": true} sent as text
+    would cancel without compensating."""
+    run_id = (await api.create())["run_id"]
+    sent = json.dumps({"reason": "stop", "compensate": True}).encode()
+    resp = await api.client.post(
+        f"/runs/{run_id}/cancel", content=sent, headers={"Content-Type": "text/plain"}
+    )
+    assert_problem(resp, 415, "UNSUPPORTED_MEDIA_TYPE")
+
+
+@pytest.mark.parametrize(
     "media_type", ["text/plain", "application/x-www-form-urlencoded", "application/xml", None]
 )
 async def test_a_body_not_sent_as_json_is_415(api: Api, media_type: str | None) -> None:
