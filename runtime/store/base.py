@@ -114,6 +114,12 @@ class RunStore(
             if existing is not None:
                 return existing, False
             if max_active is not None:
+                await self._lock_key(tx, f"tenant-runs:{run.context.tenant_id}")
+                # A request with the same key may have committed its run while this one
+                # waited for the lock: that run is the answer, not the cap it now fills.
+                existing = await self._run_for_key(tx, run, request_hash)
+                if existing is not None:
+                    return existing, False
                 await self._check_active(tx, run.context.tenant_id, max_active)
             values = run_row(run, request_hash)
             inserted = await tx.fetchone(
@@ -132,7 +138,7 @@ class RunStore(
         return run, True
 
     async def _check_active(self, tx: Tx, tenant_id: str, max_active: int) -> None:
-        await self._lock_key(tx, f"tenant-runs:{tenant_id}")
+        """Under the tenant's lock, taken by the caller."""
         row = await tx.fetchone(
             "SELECT COUNT(*) AS n FROM runs WHERE tenant_id = ? AND state IN (?, ?, ?)",
             (tenant_id, *ACTIVE_STATES),

@@ -172,6 +172,39 @@ async def test_concurrent_creates_never_pass_the_tenants_cap(backend: object) ->
         assert len(runs) == 3, tenant
 
 
+@pytest.mark.parametrize("same_body", [True, False])
+async def test_concurrent_retries_of_a_key_at_the_cap_find_its_run(
+    backend: object, same_body: bool
+) -> None:
+    """One run below the cap: the first of the retries takes the last place, the
+    others find its run (or the conflict of their other body), not the cap it fills;
+    a client reading 429 as "not created" would have been wrong."""
+    store = store_of(backend)
+    for _ in range(3):
+        await store.create_run(build_run(tenant_id="t1"), "hash", max_active=4)
+
+    async def create(i: int) -> str:
+        digest = "same" if same_body or i == 0 else f"other-{i}"
+        try:
+            run, _ = await store.create_run(
+                build_run(tenant_id="t1", idempotency_key="retry"), digest, max_active=4
+            )
+        except RuntimeProblem as exc:
+            return exc.code.value
+        return run.run_id
+
+    answers = await asyncio.gather(*(create(i) for i in range(8)))
+
+    runs, _ = await store.list_runs(tenant_id="t1")
+    [keyed] = [r for r in runs if r.options.idempotency_key == "retry"]
+    assert len(runs) == 4
+    if same_body:
+        assert answers == [keyed.run_id] * 8
+    else:  # the first may lose the race to another body: every other answer conflicts
+        assert answers.count(keyed.run_id) == 1
+        assert answers.count("IDEMPOTENCY_CONFLICT") == 7
+
+
 async def test_only_one_of_concurrent_decisions_wins(backend: object, make_run: MakeRun) -> None:
     store = store_of(backend)
     run = await make_run(store)
