@@ -76,16 +76,23 @@ class Memory:
     async def forget(self) -> int:
         """Delete every memory of this user, in every sub-namespace; how many there were."""
         gone: set[tuple[tuple[str, ...], str]] = set()
+        again = False
         while True:
             # A search of the user's own prefix reaches every namespace below it.
             found = await self._store.asearch(self._prefix, limit=100)
             page = {(tuple(item.namespace), item.key) for item in found}
-            if not page or page <= gone:
-                # Nothing left; or a store that keeps what it was told to delete, which
-                # must not keep us here: what it kept is not counted.
-                return len(gone - page)
+            if not page:
+                return len(gone)
+            if page <= gone:
+                if again:
+                    # A store that keeps what it is told to delete: it must not keep
+                    # us here, and what it kept is not counted.
+                    return len(gone - page)
+                # Written again since it was deleted (an agent's write meanwhile): it
+                # was erased, and is erased again, once.
+                again = True
             await self._store.abatch(
-                [PutOp(namespace, key, None) for namespace, key in sorted(page - gone)]
+                [PutOp(namespace, key, None) for namespace, key in sorted(page)]
             )
             gone |= page
 
