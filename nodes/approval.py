@@ -156,6 +156,13 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
                     ],
                     calls,
                 ),
+                # An unknown outcome not to be run again was executed all the same (once):
+                # the checkpoint lists it, as the ledger does.
+                "tool_calls": [
+                    r["call"]["tool_call_id"]
+                    for r in rejected
+                    if r["call"].get("kind") == "outcome_unknown"
+                ],
                 "memory_version": state.get("memory_version", 0) + 1,
             }
         # The rejection that ends the run (the loop stopped at it), not one sent back.

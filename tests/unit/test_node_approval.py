@@ -226,6 +226,7 @@ async def test_an_unknown_outcome_ruled_done_goes_back_to_the_planner(env: NodeE
 
     assert final.get("outcome") is None
     assert final["observations"][0]["status"] == "TOOL_OUTCOME_UNKNOWN"
+    assert final["tool_calls"] == [c["tool_call_id"]]  # it ran once: the checkpoint says so
 
 
 async def test_unknown_outcomes_are_decided_each_alone(env: NodeEnv) -> None:
@@ -247,6 +248,7 @@ async def test_unknown_outcomes_are_decided_each_alone(env: NodeEnv) -> None:
     assert [(o["tool_call_id"], o["status"]) for o in final["observations"]] == [
         (done["tool_call_id"], "TOOL_OUTCOME_UNKNOWN")
     ]
+    assert final["tool_calls"] == [done["tool_call_id"]]  # A's once it has run again
     assert not [e for e in await env.store.list_events(env.run_id) if e.type == "error"]
 
 
