@@ -377,8 +377,13 @@ async def _execute(
             0,
             tctx.artifacts,
         )
-    # Count the attempt before running, so a crash mid-call is visible on restart.
-    claimed = await store.claim_tool_call(current.tool_call_id, current.attempts)
+    # Count the attempt before running, so a crash mid-call is visible on restart. A
+    # call an earlier drive started runs again: the log says so, as for its first run
+    # (a human's "run it again" has written its own).
+    again = None
+    if current.attempts > 0 and not rerun:
+        again = {**action, "rerun": True, "attempt": current.attempts + 1}
+    claimed = await store.claim_tool_call(current.tool_call_id, current.attempts, again)
     if claimed is None:
         return await _await_other_driver(store, current, spec)
     return await _run_claimed(store, spec, claimed, args, tctx, breaker)

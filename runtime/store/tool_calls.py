@@ -102,11 +102,14 @@ class ToolCallQueries(StoreCore):
             return current
         return ToolCall.model_validate(_dec(row))
 
-    async def claim_tool_call(self, tool_call_id: str, seen_attempts: int) -> ToolCall | None:
+    async def claim_tool_call(
+        self, tool_call_id: str, seen_attempts: int, action: dict[str, Any] | None = None
+    ) -> ToolCall | None:
         """Count one more attempt if nobody else did since ``seen_attempts``; None if lost.
 
         The compare-and-set makes two drivers that both found the row running
-        agree on which one of them executes it.
+        agree on which one of them executes it. ``action``: the event saying the call
+        runs again, written with the claim.
         """
         async with self.tx() as tx:
             row = await tx.fetchone(
@@ -114,6 +117,8 @@ class ToolCallQueries(StoreCore):
                 "WHERE tool_call_id = ? AND attempts = ? AND status = 'running' RETURNING *",
                 (_ts(), tool_call_id, seen_attempts),
             )
+            if row is not None and action is not None:
+                await self._append(tx, row["run_id"], EventType.ACTION, action)
         return ToolCall.model_validate(_dec(row)) if row else None
 
     async def interrupt_running_calls(self, run_id: str, code: Code, message: str) -> None:

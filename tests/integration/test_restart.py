@@ -87,6 +87,15 @@ def test_sigkill_while_executing_resumes_without_repeating_finished_calls(
     [lost] = [e["data"] for e in events.json() if e["type"] == "error"]
     assert lost["code"] == "WORKER_LOST" and lost["recovery"] == "resume"
     assert calls[1]["attempts"] == 2, calls[1]
+    # Both runs of the sleep are on the log, the second after the loss that explains it.
+    kinds = [(e["type"], e["data"].get("tool_call_id")) for e in events.json()]
+    sleep_id = calls[1]["tool_call_id"]
+    assert [k for k in kinds if k[1] == sleep_id or k[0] == "error"] == [
+        ("action", sleep_id),
+        ("error", None),
+        ("action", sleep_id),
+        ("result", sleep_id),
+    ], kinds
     # The 2.5 s the killed drive spent in the sleep are in no checkpoint; they are
     # still the run's (a crash must not hand a run its time back).
     assert final["usage"]["active_s"] >= 1.5, final["usage"]

@@ -195,10 +195,14 @@ class FakeStore:
         self.tool_calls[call.tool_call_id] = row
         return _stored(row), True
 
-    async def claim_tool_call(self, tool_call_id: str, seen_attempts: int) -> ToolCall | None:
+    async def claim_tool_call(
+        self, tool_call_id: str, seen_attempts: int, action: dict[str, Any] | None = None
+    ) -> ToolCall | None:
         row = self.tool_calls.get(tool_call_id)
         if row is None or row.status != "running" or row.attempts != seen_attempts:
             return None
+        if action is not None:
+            self._append(row.run_id, EventType.ACTION, action)
         row = row.model_copy(update={"attempts": row.attempts + 1, "updated_at": utcnow()})
         self.tool_calls[tool_call_id] = row
         return _stored(row)

@@ -131,6 +131,12 @@ async def test_idempotent_call_left_running_is_rerun_with_the_same_key(h: Harnes
 
     assert h.ran == [left.idempotency_key]
     assert row.status == "succeeded" and row.attempts == 2
+    # The log shows it about to run again, as it showed its first run.
+    actions = [e.data for e in await h.store.list_events(h.run_id) if e.type == "action"]
+    assert [(a["tool_call_id"], a.get("rerun"), a.get("attempt")) for a in actions] == [
+        (row.tool_call_id, None, None),
+        (row.tool_call_id, True, 2),
+    ]
 
 
 async def test_reconciled_side_effect_is_not_rerun(h: Harness) -> None:
@@ -152,6 +158,7 @@ async def test_reconcile_finding_nothing_reruns(h: Harness) -> None:
 
     assert h.reconciled == 1 and h.ran == [left.idempotency_key]
     assert row.status == "succeeded" and row.attempts == 2
+    assert [e.type for e in await h.store.list_events(h.run_id)].count("action") == 2
 
 
 async def test_a_reconcile_that_hangs_fails_the_drive_within_the_tools_timeout(
