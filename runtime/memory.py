@@ -11,6 +11,7 @@ Working memory is something else: it lives in the graph state and its checkpoint
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from langgraph.store.base import BaseStore, PutOp
@@ -75,26 +76,28 @@ class Memory:
 
     async def forget(self) -> int:
         """Delete every memory of this user, in every sub-namespace; how many there were."""
-        gone: set[tuple[tuple[str, ...], str]] = set()
+        # Each item deleted, with the time of the write it deleted.
+        gone: dict[tuple[tuple[str, ...], str], datetime] = {}
         again = False
         while True:
             # A search of the user's own prefix reaches every namespace below it.
             found = await self._store.asearch(self._prefix, limit=100)
-            page = {(tuple(item.namespace), item.key) for item in found}
+            page = {(tuple(item.namespace), item.key): item.updated_at for item in found}
             if not page:
                 return len(gone)
-            if page <= gone:
+            if page.keys() <= gone.keys() and all(page[k] == gone[k] for k in page):
+                # As deleted, once deleted again: a store that keeps what it is told to
+                # delete, which must not keep us here; what it kept is not counted.
                 if again:
-                    # A store that keeps what it is told to delete: it must not keep
-                    # us here, and what it kept is not counted.
-                    return len(gone - page)
-                # Written again since it was deleted (an agent's write meanwhile): it
-                # was erased, and is erased again, once.
+                    return len(gone) - len(page)
+                # (Or written again within the store's clock tick: deleted once more.)
                 again = True
+            # Items written again since they were deleted (an agent's writes meanwhile)
+            # were erased, and are erased again: counted once.
             await self._store.abatch(
                 [PutOp(namespace, key, None) for namespace, key in sorted(page)]
             )
-            gone |= page
+            gone.update(page)
 
     async def items(self, *sub: str, limit: int = 100) -> dict[str, dict[str, Any]]:
         """The memories in ``sub`` (not those of namespaces below it), by key."""

@@ -5,7 +5,8 @@ Read statement by statement while the run moves on, a trace could show a run sti
 usage than in its list. Here the run row, its steps, ledger and approvals come from
 one read-only transaction, and the run's ``last_seq`` then bounds the log: events
 are only ever appended, so those up to it are the same when read afterwards, page
-by page (a long log is not held in one transaction).
+by page (a long log is not held in one transaction), unless retention prunes the
+whole run meanwhile: the trace then ends without closing its JSON.
 """
 
 from __future__ import annotations

@@ -171,8 +171,10 @@ class SqliteRunStore(RunStore):
         # A deferred BEGIN takes no lock: WAL gives its first SELECT a snapshot that
         # later commits (the checkpointer's, an admin command's) do not change.
         async with self._lock:
-            await self._statements.execute("BEGIN")
             try:
+                # (Inside the try: on aiosqlite's thread a cancel may land as BEGIN
+                # runs, and the next user of the connection must start clean.)
+                await self._statements.execute("BEGIN")
                 yield self._statements
             finally:
                 await to_the_end(self._rollback())  # nothing was written: no fsync

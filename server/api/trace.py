@@ -38,11 +38,20 @@ def trace_head(tools: RunTools, record: RunRecord) -> str:
     return _json(head)[:-1] + ',"events":['
 
 
+class LogGone(RuntimeError):
+    """The run's log ended before the record's instant: retention pruned the run while
+    its trace was being sent."""
+
+
 async def trace_body(store: RunStore, record: RunRecord, head: str) -> AsyncIterator[bytes]:
     yield head.encode()
-    sep = ""
+    sep, sent = "", 0
     pages = event_pages(store, record.run.run_id, 0, EVENTS_PER_CHUNK, through=record.last_seq)
     async for batch in pages:
         yield (sep + ",".join(_json(e.model_dump(mode="json")) for e in batch)).encode()
-        sep = ","
+        sep, sent = ",", batch[-1].seq
+    if sent < record.last_seq:
+        # Not "]}": a client must not take a JSON document missing events for the whole
+        # record. Raised mid-body, the connection is dropped before its end.
+        raise LogGone(f"run {record.run.run_id} was pruned while its trace was sent")
     yield b"]}"

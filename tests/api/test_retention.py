@@ -8,6 +8,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from runtime.model import Artifact, utcnow
 from runtime.retention import prune
 from runtime.store.retention import CHUNK
@@ -142,3 +144,31 @@ async def test_a_run_with_more_artifacts_than_a_statement_lists_goes_whole(api: 
 
     assert pruned.runs == [run_id] and pruned.artifacts == len(many) + 1  # and the report
     assert not any([await store.artifact_exists(a) for a in (many[0], many[-1], report)])
+
+
+async def test_a_trace_whose_run_is_pruned_as_it_is_sent_is_cut_off_not_closed(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closed, its JSON would read as the whole record with events missing."""
+    from runtime.events import EventType
+    from server.api.trace import EVENTS_PER_CHUNK, LogGone
+
+    run_id, _ = await finished_demo_run(api)
+    store = api.engine_services.store
+    for i in range(EVENTS_PER_CHUNK + 10):  # a second page of the log
+        await store.append_event(run_id, EventType.ERROR, {"i": i})
+    await ended_long_ago(api, run_id)
+    list_events, pages = store.list_events, 0
+
+    async def pruned_after_the_first_page(of: str, after: int = 0, limit: int = 1000) -> Any:
+        nonlocal pages
+        pages += 1
+        if pages == 2:
+            pruned = await prune(store, api.engine.checkpointer, utcnow() - timedelta(days=1))
+            assert pruned.runs == [run_id]
+        return await list_events(of, after, limit=limit)
+
+    monkeypatch.setattr(store, "list_events", pruned_after_the_first_page)
+    with pytest.raises(LogGone):
+        await api.client.get(f"/runs/{run_id}/trace")
+    assert pages == 2

@@ -7,18 +7,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import pytest
 from langgraph.store.base import Op, PutOp, Result
 from langgraph.store.memory import InMemoryStore
 
 from runtime.memory import Memory
 
 
-class RewritesOnce(InMemoryStore):
-    """An agent writing ``key`` again just after the erasure's first deletions."""
+class Rewrites(InMemoryStore):
+    """An agent writing ``key`` again just after each of the erasure's first ``times``
+    deletions."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, times: int = 1) -> None:
         super().__init__()
         self.key = key
+        self.times = times
         self.deletions: list[int] = []
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
@@ -27,7 +30,7 @@ class RewritesOnce(InMemoryStore):
         deletes = [op for op in ops if isinstance(op, PutOp) and op.value is None]
         if deletes:
             self.deletions.append(len(deletes))
-            if len(self.deletions) == 1:
+            if len(self.deletions) <= self.times:
                 [again] = [op for op in deletes if op.key == self.key]
                 await super().abatch([PutOp(again.namespace, again.key, {"v": "again"})])
         return results
@@ -47,12 +50,13 @@ async def five_items(store: InMemoryStore) -> Memory:
     return memory
 
 
-async def test_an_item_written_again_meanwhile_is_erased_and_counted_once() -> None:
-    store = RewritesOnce("k3")
+@pytest.mark.parametrize("times", [1, 3])
+async def test_an_item_written_again_meanwhile_is_erased_and_counted_once(times: int) -> None:
+    store = Rewrites("k3", times)
     memory = await five_items(store)
 
     assert await memory.forget() == 5
-    assert store.deletions == [5, 1]  # k3 deleted again
+    assert store.deletions == [5] + [1] * times  # k3 deleted again after each write
     assert await memory.items() == {} and await memory.items("sub") == {}
     assert await Memory(store, "acme.com", "bob").get("k0") == {"v": "bob's"}
 
