@@ -128,11 +128,21 @@ def _server_command(args: argparse.Namespace) -> int:
             return 2
         if args.command == "serve":
             from server.app import create_app
-            from server.serving import serve
+            from server.serving import bind, serve
 
-            app = create_app(settings, agents, run_worker=not args.no_worker)
-            if not serve(app, settings, args.host, args.port):
+            try:
+                listener = bind(args.host, args.port)
+            except OSError as exc:
+                print(
+                    f"agent-runtime serve: cannot listen on {args.host}:{args.port}: "
+                    f"{exc.strerror or exc}",
+                    file=sys.stderr,
+                )
                 return 2
+            app = create_app(settings, agents, run_worker=not args.no_worker)
+            with listener:
+                if not serve(app, settings, listener):
+                    return 2
         elif args.command == "worker":
             if args.concurrency is not None:
                 settings.worker_concurrency = args.concurrency

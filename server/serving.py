@@ -22,6 +22,12 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.app = app
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and sockets:
+            # uvicorn says where it listens only for a socket it bound itself.
+            self._log_started_message(sockets)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         services = getattr(self.app.state, "services", None)
         if services is not None:  # None if it stops before the app has started
@@ -32,9 +38,17 @@ class Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(app: FastAPI, settings: Settings, host: str, port: int) -> bool:
-    """Run until shut down; False if it could not start (uvicorn has logged why: the
-    port taken, say), which uvicorn would end with exit 3, our "parked" elsewhere."""
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything starts: a port taken is said in one
+    line, before the app's start has claimed any run (uvicorn binds after it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
+
+
+def serve(app: FastAPI, settings: Settings, listener: socket.socket) -> bool:
+    """Run until shut down; False if it could not start (uvicorn has logged why),
+    which uvicorn would end with exit 3, our "parked" elsewhere."""
+    host, port = listener.getsockname()[:2]
     config = uvicorn.Config(
         app,
         host=host,
@@ -44,7 +58,7 @@ def serve(app: FastAPI, settings: Settings, host: str, port: int) -> bool:
         **PROTOCOLS,
     )
     try:
-        Server(config, app).run()
+        Server(config, app).run(sockets=[listener])
     except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises it once done
         pass
     except SystemExit as exc:

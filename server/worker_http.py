@@ -17,6 +17,7 @@ from fastapi import FastAPI
 
 from runtime.engine import Engine
 from runtime.store.base import RunStore
+from server import serving
 from server.api import problems
 from server.api.routes import probes
 from server.settings import Settings
@@ -47,8 +48,7 @@ def listen(bind: str, port: int) -> socket.socket:
     """The probes' socket, bound before the worker claims anything: a port taken is a
     start-up error, not a worker running without the metrics it was asked for."""
     try:
-        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-        return socket.create_server((bind, port), family=family)
+        return serving.bind(bind, port)
     except OSError as exc:
         # Exit 2, as every server start refused (1 is a failed run for the client commands).
         print(
