@@ -127,7 +127,8 @@ class RequestLimits:
                 break
         body = b"".join(chunks)
         media_type = headers.get(b"content-type")
-        if body and (media_type is None or not is_json(media_type)) and self._reads_a_body(scope):
+        reads_it = self._reads_a_body(scope)
+        if body and reads_it and (media_type is None or not is_json(media_type)):
             # Read as JSON it may be, but FastAPI would not parse it (its content types
             # are strict) and would answer that the object sent is not an object.
             response = problem_response(
@@ -138,7 +139,7 @@ class RequestLimits:
             response.headers["Accept-Post"] = "application/json"  # RFC 9110 §15.5.16
             await response(scope, receive, send)
             return
-        if json_depth_over(body, self.max_depth):
+        if reads_it and json_depth_over(body, self.max_depth):
             response = problem_response(
                 Code.JSON_TOO_DEEP, f"JSON nests deeper than {self.max_depth}", instance=path
             )

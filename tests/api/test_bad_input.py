@@ -93,8 +93,11 @@ async def test_malformed_json_and_bad_encoding_are_422(api: Api, raw: bytes) -> 
 async def test_a_body_not_sent_as_json_to_no_route_that_reads_one_is_not_415(
     api: Api, path: str, status: int, code: str
 ) -> None:
-    """What is wrong there is the path or the method, not the body's type."""
+    """What is wrong there is the path or the method, not the body's type or depth."""
     resp = await api.client.post(path, content=b"hello", headers={"Content-Type": "text/plain"})
+    assert_problem(resp, status, code)
+    deep = b"[" * (api.settings.max_json_depth + 5)
+    resp = await api.client.post(path, content=deep, headers={"Content-Type": "application/json"})
     assert_problem(resp, status, code)
 
 
