@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from runtime.agent import AgentSpec
-from server.api import problems
+from server.api import openapi, problems
 from server.api.deps import Services
 from server.api.head import HeadAsGet
 from server.api.limits import RequestLimits
@@ -50,6 +50,7 @@ def create_app(
         redirect_slashes=False,
     )
     problems.install(app)
+    openapi.install(app)
 
     routers = [
         runs.router,

@@ -44,10 +44,6 @@ class Problem(BaseModel):
     errors: list[dict[str, Any]] | None = None
 
 
-PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": Problem, "content": {PROBLEM_JSON: {}}}
-    for status in (400, 401, 403, 404, 409, 413, 422, 429)
-}
 _HEADERS = {"retry_after": "Retry-After", "www_authenticate": "WWW-Authenticate"}
 """Extras that a client needs as headers; Retry-After also stays in the body."""
 

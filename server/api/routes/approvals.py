@@ -13,8 +13,8 @@ from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
 from runtime.model import Approval, ApprovalStatus, Run, Strict
 from server.api.deps import EngineDep, PrincipalDep, RunDep, ServicesDep, StoreDep
+from server.api.openapi import AUTHENTICATED, OF_A_RUN, WITH_BODY, headers, problem_responses
 from server.api.paging import next_link
-from server.api.problems import PROBLEM_RESPONSES
 from server.api.redaction import RunTools
 from server.api.waiting import (
     PREFER_WAIT,
@@ -28,7 +28,7 @@ from server.api.waiting import (
 from server.auth.principal import APPROVER
 
 log = logging.getLogger(__name__)
-router = APIRouter(tags=["approvals"], responses=PROBLEM_RESPONSES)
+router = APIRouter(tags=["approvals"])
 
 
 class DecisionRequest(Strict):
@@ -38,7 +38,11 @@ class DecisionRequest(Strict):
     """Optional; when given it must be the caller: the decider is who authenticated."""
 
 
-@router.get("/approvals", response_model=list[Approval])
+@router.get(
+    "/approvals",
+    response_model=list[Approval],
+    responses={**problem_responses(*AUTHENTICATED), 200: {"headers": headers("Link")}},
+)
 async def list_approvals(
     request: Request,
     response: Response,
@@ -71,7 +75,28 @@ class DecisionResult(Approval):
 @router.post(
     "/runs/{run_id}/approvals/{approval_id}",
     response_model=DecisionResult,
-    responses={202: {"model": DecisionResult, "description": "decided now; the run resumes"}},
+    responses={
+        **problem_responses(
+            *OF_A_RUN,
+            *WITH_BODY,
+            Code.APPROVAL_NOT_FOUND,
+            Code.PRINCIPAL_MISMATCH,
+            Code.ROLE_REQUIRED,
+            Code.FOUR_EYES,
+            Code.APPROVAL_CONFLICT,
+            Code.RUN_STATE_CONFLICT,
+            Code.TOO_MANY_STREAMS,  # a waiting decision holds a stream slot
+        ),
+        200: {
+            "description": "The same decision, taken before: nothing done again",
+            "headers": headers("Preference-Applied"),
+        },
+        202: {
+            "model": DecisionResult,
+            "description": "decided now; the run resumes",
+            "headers": headers("Preference-Applied"),
+        },
+    },
 )
 async def decide(
     run: RunDep,

@@ -9,14 +9,20 @@ from fastapi import APIRouter, Query, Request, Response
 from runtime.errors import Code, RuntimeProblem
 from runtime.store.audit import AuditAction, AuditEntry
 from server.api.deps import PrincipalDep, StoreDep
+from server.api.openapi import AUTHENTICATED, headers, problem_responses
 from server.api.paging import next_link
-from server.api.problems import PROBLEM_RESPONSES
 from server.auth.principal import ADMIN
 
-router = APIRouter(tags=["audit"], responses=PROBLEM_RESPONSES)
+router = APIRouter(tags=["audit"])
 
 
-@router.get("/audit")
+@router.get(
+    "/audit",
+    responses={
+        **problem_responses(*AUTHENTICATED, Code.ROLE_REQUIRED),
+        200: {"headers": headers("Link")},
+    },
+)
 async def list_audit(
     request: Request,
     response: Response,

@@ -22,13 +22,16 @@ from runtime.memory import MAX_DEPTH, MAX_KEY, MAX_LABEL, Memory
 from runtime.store.audit import AuditAction
 from runtime.store.core import decode_cursor, encode_cursor
 from server.api.deps import EngineDep, PrincipalDep
+from server.api.openapi import AUTHENTICATED, headers, problem_responses
 from server.api.paging import next_link
-from server.api.problems import PROBLEM_RESPONSES
 from server.auth import Principal
 from server.auth.principal import ADMIN, NAME_RULE, is_name
 
-router = APIRouter(tags=["memory"], responses=PROBLEM_RESPONSES)
+router = APIRouter(tags=["memory"])
 T = TypeVar("T")
+
+_REFUSALS = problem_responses(*AUTHENTICATED, Code.NOT_FOUND, Code.ROLE_REQUIRED)
+"""Of every memory route (memory_of): NOT_FOUND where the server keeps no memory."""
 
 ERASING = KeyedLock()
 """A user's erasures one at a time in this process, so that an item erased by two
@@ -99,7 +102,7 @@ def cursor_offset(cursor: str | None) -> int:
     return int(offset)
 
 
-@router.get("/memory")
+@router.get("/memory", responses={**_REFUSALS, 200: {"headers": headers("Link")}})
 async def list_memory(
     request: Request,
     response: Response,
@@ -138,7 +141,7 @@ class AnyKey(Convertor[str]):
 register_url_convertor("memory_key", AnyKey())
 
 
-@router.delete("/memory/{key:memory_key}", status_code=204)
+@router.delete("/memory/{key:memory_key}", status_code=204, responses=_REFUSALS)
 async def forget_one(
     key: Annotated[str, Path(min_length=1, max_length=MAX_KEY)],
     engine: EngineDep,
@@ -160,7 +163,7 @@ async def forget_one(
     await _erased(memory, erase())
 
 
-@router.delete("/memory")
+@router.delete("/memory", responses=_REFUSALS)
 async def forget_all(
     engine: EngineDep, principal: PrincipalDep, user_id: UserQuery = None
 ) -> dict[str, int]:

@@ -12,11 +12,11 @@ from fastapi.responses import PlainTextResponse
 from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
 from runtime.store.base import RunStore
-from server.api.problems import PROBLEM_RESPONSES
+from server.api.openapi import EVERY_REQUEST, problem_responses
 from server.auth.authenticate import unauthenticated
 from server.settings import Settings
 
-router = APIRouter(responses=PROBLEM_RESPONSES)
+router = APIRouter()
 
 
 class Counts(Protocol):
@@ -39,7 +39,11 @@ CountsDep = Annotated[Counts, Depends(get_counts)]
     "/metrics",
     tags=["health"],
     response_class=PlainTextResponse,
-    responses={200: {"content": {"text/plain": {}}}},
+    responses={
+        # A token of its own, not a principal's; NOT_FOUND: no token is configured.
+        **problem_responses(*EVERY_REQUEST, Code.UNAUTHENTICATED, Code.NOT_FOUND, Code.UNAVAILABLE),
+        200: {"content": {"text/plain": {}}},
+    },
 )
 async def metrics(
     services: CountsDep, authorization: Annotated[str | None, Header()] = None
@@ -63,6 +67,6 @@ async def metrics(
     )
 
 
-@router.get("/healthz", tags=["health"])
+@router.get("/healthz", tags=["health"], responses=problem_responses(*EVERY_REQUEST))
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}

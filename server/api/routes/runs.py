@@ -36,8 +36,14 @@ from server.api.deps import (
     may_steer,
 )
 from server.api.negotiation import prefers
+from server.api.openapi import (
+    AUTHENTICATED,
+    OF_A_RUN,
+    WITH_BODY,
+    headers,
+    problem_responses,
+)
 from server.api.paging import next_link
-from server.api.problems import PROBLEM_RESPONSES
 from server.api.redaction import RunTools, redact_steps, redact_tool_calls
 from server.api.trace import trace_body, trace_head
 from server.api.waiting import (
@@ -56,7 +62,7 @@ MAX_SEQ = 10**15
 MAX_EVENT_PAGE = 10_000
 """The most events one JSON page holds (the SSE stream has no such bound)."""
 log = logging.getLogger(__name__)
-router = APIRouter(tags=["runs"], responses=PROBLEM_RESPONSES)
+router = APIRouter(tags=["runs"])
 
 
 class CancelRequest(Strict):
@@ -75,13 +81,39 @@ class Trace(BaseModel):
     events: list[Event]
 
 
+_CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **problem_responses(
+        *AUTHENTICATED,
+        *WITH_BODY,
+        Code.PRINCIPAL_MISMATCH,
+        Code.SCOPE_NOT_GRANTED,
+        Code.AGENT_NOT_FOUND,
+        Code.IDEMPOTENCY_CONFLICT,
+        Code.TENANT_RUN_LIMIT,
+        Code.TOO_MANY_STREAMS,  # a waiting create holds a stream slot
+    ),
+    201: {"description": "The run, created", "headers": headers("Location", "Preference-Applied")},
+    200: {
+        "model": Run,
+        "description": "The run already created with this idempotency key",
+        "headers": headers("Location", "Preference-Applied"),
+    },
+}
+
+
+@router.post("/runs", status_code=201, response_model=Run, responses=_CREATE_RESPONSES)
+# DESIGN §5 lists the alias in the stable surface: documented, and not deprecated, so a
+# client generated from the document may call either.
 @router.post(
-    "/runs",
+    "/run",
     status_code=201,
     response_model=Run,
-    responses={200: {"model": Run, "description": "existing run (same idempotency key)"}},
+    responses=_CREATE_RESPONSES,
+    operation_id="create_run_alias",
+    summary="Create Run (alias of POST /runs)",
+    description="The same operation as `POST /runs`, under the name the design also gives it.",
+    openapi_extra={"x-alias-of": "create_run_runs_post"},
 )
-@router.post("/run", status_code=201, response_model=Run, include_in_schema=False)
 async def create_run(
     body: RunCreate,
     request: Request,
@@ -164,7 +196,7 @@ def context_for(body: RunCreate, principal: Principal) -> RunContext:
     )
 
 
-@router.get("/runs", response_model=Page[Run])
+@router.get("/runs", response_model=Page[Run], responses=problem_responses(*AUTHENTICATED))
 async def list_runs(
     store: StoreDep,
     principal: PrincipalDep,
@@ -183,7 +215,14 @@ async def list_runs(
     return Page[Run](items=runs, next_cursor=next_cursor)
 
 
-@router.get("/runs/{run_id}", response_model=Run)
+@router.get(
+    "/runs/{run_id}",
+    response_model=Run,
+    responses={
+        **problem_responses(*OF_A_RUN, Code.TOO_MANY_STREAMS),  # a wait holds a slot
+        200: {"headers": headers("Preference-Applied")},
+    },
+)
 async def get_run(
     run: RunDep,
     services: ServicesDep,
@@ -204,7 +243,15 @@ async def get_run(
 @router.get(
     "/runs/{run_id}/events",
     response_model=list[Event],
-    responses={200: {"content": {"text/event-stream": {}, "application/json": {}}}},
+    responses={
+        **problem_responses(*OF_A_RUN, Code.TOO_MANY_STREAMS),
+        200: {
+            "description": "The run's events: as JSON if `Accept` prefers it, else a stream",
+            # The JSON form's schema comes from response_model.
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "headers": headers("Link"),  # the JSON form's next page
+        },
+    },
 )
 async def run_events(
     run: RunDep,
@@ -247,17 +294,23 @@ async def run_events(
     )
 
 
-@router.get("/runs/{run_id}/steps", response_model=list[Step])
+@router.get(
+    "/runs/{run_id}/steps", response_model=list[Step], responses=problem_responses(*OF_A_RUN)
+)
 async def run_steps(run: RunDep, store: StoreDep, engine: EngineDep) -> list[Step]:
     return redact_steps(RunTools(engine, run), await store.list_steps(run.run_id))
 
 
-@router.get("/runs/{run_id}/tool-calls", response_model=list[ToolCall])
+@router.get(
+    "/runs/{run_id}/tool-calls",
+    response_model=list[ToolCall],
+    responses=problem_responses(*OF_A_RUN),
+)
 async def run_tool_calls(run: RunDep, store: StoreDep, engine: EngineDep) -> list[ToolCall]:
     return redact_tool_calls(RunTools(engine, run), await store.list_tool_calls(run.run_id))
 
 
-@router.get("/runs/{run_id}/trace", response_model=Trace)
+@router.get("/runs/{run_id}/trace", response_model=Trace, responses=problem_responses(*OF_A_RUN))
 async def run_trace(run: RunDep, store: StoreDep, engine: EngineDep) -> StreamingResponse:
     """The whole record as of one instant, its events streamed (server.api.trace): no
     cap, no page."""
@@ -285,7 +338,12 @@ class PlannerContext(BaseModel):
     """The run's budget used before the step."""
 
 
-@router.get("/runs/{run_id}/planner-context/{step}", response_model=PlannerContext)
+@router.get(
+    "/runs/{run_id}/planner-context/{step}",
+    response_model=PlannerContext,
+    # AGENT_NOT_FOUND: the run's agent is no longer hosted, its graph unreadable.
+    responses=problem_responses(*OF_A_RUN, Code.STEP_NOT_FOUND, Code.AGENT_NOT_FOUND),
+)
 async def planner_context(
     run: RunDep, engine: EngineDep, store: StoreDep, step: Annotated[int, Path(ge=0, le=10**6)]
 ) -> PlannerContext:
@@ -309,7 +367,9 @@ async def planner_context(
     )
 
 
-@router.get("/runs/{run_id}/checkpoint")
+@router.get(
+    "/runs/{run_id}/checkpoint", responses=problem_responses(*OF_A_RUN, Code.AGENT_NOT_FOUND)
+)
 async def run_checkpoint(run: RunDep, engine: EngineDep) -> dict[str, Any]:
     return await engine.checkpoint(run)
 
@@ -317,7 +377,10 @@ async def run_checkpoint(run: RunDep, engine: EngineDep) -> dict[str, Any]:
 @router.post(
     "/runs/{run_id}/cancel",
     response_model=Run,
-    responses={202: {"model": Run, "description": "cancel recorded; the run is still stopping"}},
+    responses={
+        **problem_responses(*OF_A_RUN, *WITH_BODY, Code.ROLE_REQUIRED, Code.RUN_STATE_CONFLICT),
+        202: {"model": Run, "description": "cancel recorded; the run is still stopping"},
+    },
 )
 async def cancel_run(
     run: RunDep, engine: EngineDep, principal: PrincipalDep, body: CancelRequest | None = None

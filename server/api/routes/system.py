@@ -10,14 +10,19 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from graphs.run_graph import handoff_map
 from runtime.errors import Code, RuntimeProblem
 from server.api.deps import EngineDep, PrincipalDep, StoreDep, get_principal
-from server.api.problems import PROBLEM_RESPONSES
+from server.api.openapi import AUTHENTICATED, headers, problem_responses
 
-router = APIRouter(responses=PROBLEM_RESPONSES)
+router = APIRouter()
 
 SAFE_INLINE = {"text/plain", "text/markdown", "application/json", "text/csv"}
 
 
-@router.get("/agents", tags=["agents"], dependencies=[Depends(get_principal)])
+@router.get(
+    "/agents",
+    tags=["agents"],
+    dependencies=[Depends(get_principal)],
+    responses=problem_responses(*AUTHENTICATED),
+)
 async def list_agents(engine: EngineDep) -> list[dict[str, Any]]:
     return [
         {
@@ -35,7 +40,20 @@ async def list_agents(engine: EngineDep) -> list[dict[str, Any]]:
 @router.get(
     "/artifacts/{artifact_id}",
     tags=["artifacts"],
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    # No JSON of FastAPI's default: the bytes go in the artifact's own media type.
+    response_class=Response,
+    responses={
+        **problem_responses(*AUTHENTICATED, Code.ARTIFACT_NOT_FOUND),
+        200: {
+            "description": "The artifact's bytes, in its own media type (text/markdown, say)",
+            "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+            "headers": headers("ETag"),
+        },
+        304: {
+            "description": "`If-None-Match` names the artifact: the client holds its bytes",
+            "headers": headers("ETag"),
+        },
+    },
 )
 async def get_artifact(
     artifact_id: str,
@@ -79,7 +97,13 @@ def _matches(if_none_match: list[str], etag: str) -> bool:
     return "*" in tags or etag in (tag.removeprefix("W/") for tag in tags)
 
 
-@router.get("/readyz", tags=["health"], dependencies=[Depends(get_principal)])
+@router.get(
+    "/readyz",
+    tags=["health"],
+    dependencies=[Depends(get_principal)],
+    # Its one failure of its own, an unreachable database, is UNAVAILABLE among these.
+    responses=problem_responses(*AUTHENTICATED),
+)
 async def readyz(store: StoreDep) -> dict[str, str]:
     try:
         await store.ping()
