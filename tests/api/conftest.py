@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from runtime.engine import Engine
 from server.api.deps import Services
 from server.app import create_app
 from server.settings import Settings
+from tests.api.contract import TALLY, Contract
 from tests.auth import MGR, OPS, TEST_JWT_SECRET
 
 QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
@@ -96,6 +97,22 @@ def make_settings(database_url: str, data_dir: Path, **overrides: Any) -> Settin
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _contract_checked() -> Iterator[None]:
+    """The API tests' responses were checked against the OpenAPI document: a hook that
+    stopped running would pass every test and prove nothing."""
+    before = TALLY.checked
+    yield
+    assert TALLY.checked > before, "no response was checked against the OpenAPI document"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    terminalreporter.write_line(
+        f"OpenAPI contract: {TALLY.checked} responses checked in {TALLY.seconds:.1f} s"
+        f" ({TALLY.undocumented} to no documented operation)"
+    )
+
+
 @pytest.fixture
 def settings(database_url: str, data_dir: Path) -> Settings:
     return make_settings(database_url, data_dir)
@@ -107,12 +124,16 @@ async def open_api(
     agents: Mapping[str, AgentSpec] | None = None,
     headers: Mapping[str, str] = OPS,
 ) -> AsyncIterator[Api]:
-    """The app, started, behind a client that calls as ``headers`` say (OPS by default)."""
+    """The app, started, behind a client that calls as ``headers`` say (OPS by default),
+    and that checks every response against the app's OpenAPI document (tests.api.contract)."""
     app = create_app(settings, agents)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://test", headers=dict(headers)
+            transport=transport,
+            base_url="http://test",
+            headers=dict(headers),
+            event_hooks={"response": [Contract(app).check]},
         ) as client:
             services = app.state.services
             yield Api(client, services.engine, settings, services, app)
