@@ -31,6 +31,8 @@ class Tally:
     """How many responses were checked (and passed by, undocumented), over the session:
     a check that never runs proves nothing."""
 
+    apps: int = 0
+    """Apps the tests opened (tests.api.conftest.open_api), hook or no hook."""
     checked: int = 0
     undocumented: int = 0
     seconds: float = 0.0
