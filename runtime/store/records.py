@@ -1,8 +1,9 @@
 """A run's whole record as of one instant: what ``GET /runs/{id}/trace`` shows.
 
 Read statement by statement while the run moves on, a trace could show a run still
-``pending`` beside the events and steps of its planning, or fewer steps in the run's
-usage than in its list. Here the run row, its steps, ledger and approvals come from
+``pending`` beside the events and step of its planning. (A run ``planning`` still
+counts its steps one short of its list, at one instant too: a step is charged when
+its plan is ready.) Here the run row, its steps, ledger and approvals come from
 one read-only transaction, and the run's ``last_seq`` then bounds the log: events
 are only ever appended, so those up to it are the same when read afterwards, page
 by page (a long log is not held in one transaction), unless retention prunes the

@@ -27,7 +27,8 @@ such route reads it, which may be unable to serve (server.api.problems)."""
 OF_A_RUN = (*AUTHENTICATED, Code.RUN_NOT_FOUND)
 """A route under ``/runs/{run_id}``: another tenant's run is as absent as none."""
 WITH_BODY = (Code.PAYLOAD_TOO_LARGE, Code.UNSUPPORTED_MEDIA_TYPE, Code.JSON_TOO_DEEP)
-"""What server.api.limits refuses in the body of a POST before any route reads it."""
+"""What server.api.limits refuses in the body of a request to a route that reads one,
+before the route does."""
 
 
 def _header(description: str, type_: str = "string") -> dict[str, Any]:
