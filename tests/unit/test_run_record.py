@@ -6,7 +6,6 @@ beside the events and step of its planning."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -20,15 +19,12 @@ from tests.unit.conftest import MakeRun
 from tests.unit.test_store import store_of
 
 
-def start_planning(store: RunStore, run_id: str) -> Callable[[], Coroutine[Any, Any, None]]:
-    async def write() -> None:
-        await store.transition(run_id, Trigger.START, expect=State.PENDING)
-        decision = Decision(kind="finish", summary="done", answer="42")
-        await store.record_step(
-            Step(run_id=run_id, step_index=0, decision=decision, started_at=utcnow())
-        )
-
-    return write
+async def start_planning(store: RunStore, run_id: str) -> None:
+    await store.transition(run_id, Trigger.START, expect=State.PENDING)
+    decision = Decision(kind="finish", summary="done", answer="42")
+    await store.record_step(
+        Step(run_id=run_id, step_index=0, decision=decision, started_at=utcnow())
+    )
 
 
 async def test_a_write_landing_while_the_record_is_read_is_not_half_in_it(
@@ -42,7 +38,7 @@ async def test_a_write_landing_while_the_record_is_read_is_not_half_in_it(
     async def steps_after_a_write(tx: Any, run_id: str) -> list[Step]:
         # Between the run row and its steps: the run starts planning and records its
         # first step (PostgreSQL commits it meanwhile; SQLite's writer waits its turn).
-        writer.append(asyncio.create_task(start_planning(store, run_id)()))
+        writer.append(asyncio.create_task(start_planning(store, run_id)))
         await asyncio.sleep(0.3)
         return await read_steps(tx, run_id)
 
