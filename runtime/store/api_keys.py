@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -10,7 +11,9 @@ from runtime.store.core import Row, StoreCore, _enc, _ts
 
 
 @dataclass(frozen=True)
-class ApiKeyRow:
+class NewApiKey:
+    """A key row to insert: the hash of its secret, never the secret."""
+
     key_id: str
     key_hash: str
     tenant_id: str
@@ -18,30 +21,54 @@ class ApiKeyRow:
     roles: list[str]
     scopes: list[str]
     label: str | None
+
+
+@dataclass(frozen=True)
+class ApiKeyRow(NewApiKey):
+    """A stored key row."""
+
     created_at: datetime
     revoked_at: datetime | None
+
+
+_INSERT = (
+    "INSERT INTO api_keys (key_id, key_hash, tenant_id, user_id, roles, scopes, "
+    "label, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+FIRST_KEYS_LOCK = "api-keys:first"
+
+
+def _params(key: NewApiKey) -> tuple[object, ...]:
+    return (
+        key.key_id,
+        key.key_hash,
+        key.tenant_id,
+        key.user_id,
+        _enc(key.roles),
+        _enc(key.scopes),
+        key.label,
+        _ts(),
+    )
 
 
 class ApiKeyQueries(StoreCore):
     """API key rows."""
 
-    async def create_api_key(
-        self,
-        *,
-        key_id: str,
-        key_hash: str,
-        tenant_id: str,
-        user_id: str,
-        roles: list[str],
-        scopes: list[str],
-        label: str | None = None,
-    ) -> None:
+    async def create_api_key(self, key: NewApiKey) -> None:
         async with self.tx() as tx:
-            await tx.execute(
-                "INSERT INTO api_keys (key_id, key_hash, tenant_id, user_id, roles, scopes, "
-                "label, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (key_id, key_hash, tenant_id, user_id, _enc(roles), _enc(scopes), label, _ts()),
-            )
+            await tx.execute(_INSERT, _params(key))
+
+    async def create_first_api_keys(self, keys: Sequence[NewApiKey]) -> bool:
+        """Insert ``keys`` only if the store has no key at all, as one transaction;
+        False (nothing inserted) if it has one. Servers starting at once on one
+        database make one set of first keys between them, not one each."""
+        async with self.tx() as tx:
+            await self._lock_key(tx, FIRST_KEYS_LOCK)
+            if await tx.fetchone("SELECT 1 AS one FROM api_keys LIMIT 1") is not None:
+                return False
+            for key in keys:
+                await tx.execute(_INSERT, _params(key))
+        return True
 
     async def get_api_key(self, key_id: str) -> ApiKeyRow | None:
         async with self.read() as tx:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from runtime.store.base import RunStore
-from server.auth.keys import NewKey, create_key
+from server.auth.keys import mint_key
 from server.auth.principal import ADMIN, ANY_SCOPE, APPROVER
 
 log = logging.getLogger(__name__)
@@ -54,18 +54,23 @@ def _write_private(path: Path, text: str) -> None:
 async def ensure_local_keys(store: RunStore, data_dir: Path) -> Path | None:
     """Create the two local keys if the store has no key at all; return the file's path."""
     path = local_keys_path(data_dir)
-    if await store.has_api_keys():
+    if await store.has_api_keys():  # every start but the first: no write
         return path if path.exists() else None
-    made: dict[str, NewKey] = {}
-    for user, roles, scopes in LOCAL_KEYS:
-        made[user] = await create_key(
-            store,
+    minted = {
+        user: mint_key(
             tenant_id=LOCAL_TENANT,
             user_id=user,
             roles=roles,
             scopes=scopes,
             label=f"local {user} (created on first start)",
         )
+        for user, roles, scopes in LOCAL_KEYS
+    }
+    # Checked again under a lock as they are inserted: another process starting on the
+    # same database may have made the first keys since (its file holds their tokens).
+    if not await store.create_first_api_keys([row for _, row in minted.values()]):
+        return path if path.exists() else None
+    made = {user: key for user, (key, _) in minted.items()}
     data = {
         user: {"token": key.token, "tenant_id": LOCAL_TENANT, "user_id": user}
         for user, key in made.items()

@@ -12,6 +12,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
+from runtime.store.api_keys import NewApiKey
 from runtime.store.base import RunStore
 from server.auth.principal import NAME_RULE, ROLES, Principal, is_name
 
@@ -30,15 +31,15 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-async def create_key(
-    store: RunStore,
+def mint_key(
     *,
     tenant_id: str,
     user_id: str,
     roles: list[str] | None = None,
     scopes: list[str] | None = None,
     label: str | None = None,
-) -> NewKey:
+) -> tuple[NewKey, NewApiKey]:
+    """A new key, checked: its token (for the holder) and its row (for the store)."""
     unknown = set(roles or ()) - ROLES
     if unknown:
         raise ValueError(f"unknown role(s): {', '.join(sorted(unknown))}")
@@ -52,7 +53,7 @@ async def create_key(
         raise ValueError(f"a label is {NAME_RULE}")
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
-    await store.create_api_key(
+    row = NewApiKey(
         key_id=key_id,
         key_hash=hash_secret(secret),
         tenant_id=tenant_id,
@@ -61,7 +62,23 @@ async def create_key(
         scopes=sorted(set(scopes or ())),
         label=label,
     )
-    return NewKey(key_id, f"{PREFIX}{key_id}_{secret}")
+    return NewKey(key_id, f"{PREFIX}{key_id}_{secret}"), row
+
+
+async def create_key(
+    store: RunStore,
+    *,
+    tenant_id: str,
+    user_id: str,
+    roles: list[str] | None = None,
+    scopes: list[str] | None = None,
+    label: str | None = None,
+) -> NewKey:
+    key, row = mint_key(
+        tenant_id=tenant_id, user_id=user_id, roles=roles, scopes=scopes, label=label
+    )
+    await store.create_api_key(row)
+    return key
 
 
 async def principal_for_key(store: RunStore, token: str) -> Principal | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -16,6 +17,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from runtime.backend import open_backend
 from server.auth.bootstrap import ensure_local_keys, read_local_keys
 from server.auth.keys import create_key, hash_secret
 from server.settings import Settings
@@ -235,6 +237,29 @@ async def test_first_start_creates_local_keys_once(database_url: str, data_dir: 
         assert sorted((e["action"], e["actor"], e["subject"]) for e in entries) == sorted(
             ("key.create", "bootstrap", k.key_id) for k in made
         )
+
+
+async def test_servers_starting_at_once_make_one_set_of_local_keys(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Two processes starting on one fresh database (each its own connection and data
+    dir) both find no key: one makes the pair, the other makes none and writes no file."""
+    first, second = await open_backend(database_url), await open_backend(database_url)
+    try:
+        dirs = [tmp_path / "a", tmp_path / "b"]
+        written = await asyncio.gather(
+            ensure_local_keys(first.store, dirs[0]), ensure_local_keys(second.store, dirs[1])
+        )
+        made = await first.store.list_api_keys()
+        assert sorted(k.user_id for k in made) == ["admin", "approver"]
+        (winner,) = [d for d in dirs if (d / "local-keys.json").exists()]
+        assert list(written) == [winner / "local-keys.json" if d == winner else None for d in dirs]
+        tokens = read_local_keys(winner)
+        for key in made:  # the file holds the tokens of the keys that were stored
+            assert any(t.startswith(f"ark_{key.key_id}_") for t in tokens.values())
+    finally:
+        await first.close()
+        await second.close()
 
 
 def test_risky_jwt_settings_refuse_to_start(tmp_path: Path) -> None:
