@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     max_cost_usd: float = Field(default=50.0, gt=0, le=MOST_COST_USD)
     max_timeout_s: float = Field(default=3600.0, gt=0, le=MOST_TIMEOUT_S)
     sse_keepalive_s: float = Field(default=15.0, gt=0, le=3600)
+    """An idle event stream sends a comment this often; at the same pace an open stream
+    checks its caller's credential again and ends once it no longer holds."""
     lease_seconds: float = Field(default=30.0, ge=1.0, le=86_400)
     """How long a worker's claim on a run lasts without a heartbeat (renewed every third)."""
     max_drive_failures: int = Field(default=5, ge=1, le=1000)

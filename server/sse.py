@@ -6,7 +6,7 @@ import asyncio
 import json
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from runtime.aio import within
 from runtime.errors import Code, RuntimeProblem
@@ -33,16 +33,26 @@ async def event_stream(
     after: int,
     keepalive_s: float,
     stopping: asyncio.Event | None = None,
+    allowed: Callable[[], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[bytes]:
     """Everything after ``after``, then live events; ends after the terminal state event,
     or once ``stopping`` is set (the server shutting down: it wakes every stream, and the
-    client reconnects with Last-Event-ID, as the ``retry`` line tells it to)."""
+    client reconnects with Last-Event-ID, as the ``retry`` line tells it to), or once
+    ``allowed``, asked again every ``keepalive_s``, says the caller's credential no
+    longer holds (a key revoked, a token expired: a parked run's stream may stay open
+    for days, and its reconnect gets the 401)."""
     yield b"retry: 1000\n\n"
+    loop = asyncio.get_running_loop()
+    recheck_at = loop.time() + keepalive_s
     with bus.subscribe(run_id) as waiter:
         woken = False
         while True:
             if stopping is not None and stopping.is_set():
                 return
+            if allowed is not None and loop.time() >= recheck_at:
+                if not await allowed():
+                    return
+                recheck_at = loop.time() + keepalive_s
             # Events this process committed came with their wake-up: no read of the log.
             committed_here = waiter.rows_after(after) if woken else None
             waiter.clear()

@@ -8,7 +8,11 @@ import os
 import re
 import subprocess
 import sys
+import time
 from typing import Any
+
+import httpx
+import pytest
 
 from runtime.backend import open_backend
 from runtime.store.audit import AuditEntry
@@ -261,6 +265,38 @@ def test_keys_create_list_revoke(server: ServerProcess) -> None:
         ("key.revoke", key["key_id"], "cli"),
     ]
     assert trail[0].detail == {"user_id": "bob", "roles": [], "scopes": []}
+
+
+def test_a_revoked_key_ends_the_streams_it_opened(server: ServerProcess) -> None:
+    """A parked run's stream may stay open for days: revoking the key that opened it
+    ends it within a keepalive, and its reconnect is refused."""
+    server.env["AGENT_RUNTIME_SSE_KEEPALIVE_S"] = "0.2"
+    server.start()
+    made = cli(
+        server, "keys", "create", "--tenant", "demo-retail", "--user", "u-ops-001",
+        "--scope", "sales_region:east", "--json",
+    )  # fmt: skip
+    key = json.loads(made.stdout)
+    as_key = {"Authorization": f"Bearer {key['token']}"}
+    with server.client(as_key) as http:
+        run_id = http.post("/runs", json={"input": QUESTION}).json()["run_id"]
+    url = f"{server.base_url}/runs/{run_id}/events"
+    seen: list[dict[str, Any]] = []
+    revoked_at = None
+    with httpx.stream("GET", url, headers=as_key, timeout=30) as resp:
+        for line in resp.iter_lines():  # keepalives every 0.2 s: the loop checks the clock
+            if line.startswith("data: "):
+                seen.append(json.loads(line[6:]))
+                if seen[-1]["type"] == "state" and seen[-1]["data"]["to"] == "waiting_human":
+                    assert cli(server, "keys", "revoke", key["key_id"]).returncode == 0
+                    revoked_at = time.monotonic()
+            if revoked_at is not None and time.monotonic() - revoked_at > 10:
+                pytest.fail("the stream went on after its key was revoked")
+    assert revoked_at is not None, seen  # the stream ended after the revocation, not before
+    assert seen[-1]["data"]["to"] == "waiting_human"
+    assert httpx.get(url, headers=as_key).status_code == 401
+    with server.client() as http:  # the run itself goes on, for a caller still allowed
+        assert http.get(f"/runs/{run_id}").json()["state"] == "waiting_human"
 
 
 def test_prune_deletes_the_runs_that_ended_long_enough_ago(server: ServerProcess) -> None:
