@@ -46,12 +46,24 @@ class JwtVerifier:
                 )
             except jwt.PyJWTError as exc:
                 raise ValueError(f"AGENT_RUNTIME_JWT_PUBLIC_KEY_FILE: {exc}") from exc
-        self._jwks: jwt.PyJWKSet | None = None
+        self._jwks: list[jwt.PyJWK] | None = None
         if settings.jwt_jwks_file is not None:
             try:
-                self._jwks = jwt.PyJWKSet.from_dict(json.loads(settings.jwt_jwks_file.read_text()))
+                jwks = jwt.PyJWKSet.from_dict(json.loads(settings.jwt_jwks_file.read_text()))
             except (jwt.PyJWTError, ValueError) as exc:
                 raise ValueError(f"AGENT_RUNTIME_JWT_JWKS_FILE: {exc}") from exc
+            # Only RS256 signing keys: an identity provider's set may also hold EC, OKP or
+            # encryption keys, which a token naming their kid must not reach the RSA check
+            # with (PyJWT raises a TypeError there, not a token error).
+            self._jwks = [
+                key
+                for key in jwks.keys
+                if key.key_type == "RSA"
+                and key.algorithm_name == "RS256"
+                and key.public_key_use in (None, "sig")
+            ]
+            if not self._jwks:
+                raise ValueError("AGENT_RUNTIME_JWT_JWKS_FILE holds no RS256 signing key")
 
     @property
     def enabled(self) -> bool:
@@ -65,12 +77,12 @@ class JwtVerifier:
         alg = header.get("alg")
         if alg == "HS256" and self._hs_secret:
             return self._hs_secret, alg
-        if alg == "RS256" and self._jwks is not None:
+        if alg == "RS256" and self._jwks:
             kid = header.get("kid")
-            for key in self._jwks.keys:
+            for key in self._jwks:
                 if kid is None or key.key_id == kid:
                     return key.key, alg
-            raise JwtError(f"no key {kid} in the JWKS")
+            raise JwtError(f"no RS256 signing key {kid!r:.80} in the JWKS")  # kid: the token's
         if alg == "RS256" and self._rs_key is not None:
             return self._rs_key, alg
         # Never let the token pick an algorithm this server was not configured for.
@@ -87,7 +99,8 @@ class JwtVerifier:
                 audience=self.audience,
                 options={"require": ["exp", "sub"], "verify_aud": self.audience is not None},
             )
-        except jwt.PyJWTError as exc:
+        except (jwt.PyJWTError, TypeError, ValueError) as exc:
+            # TypeError/ValueError: PyJWT's word for a key that cannot check this token.
             raise JwtError(str(exc)) from exc
         tenant = claims.get("tenant_id") or claims.get("tid")
         if not isinstance(tenant, str) or not is_name(tenant):

@@ -15,10 +15,12 @@ import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec as ec_keys
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from runtime.backend import open_backend
 from server.auth.bootstrap import ensure_local_keys, read_local_keys
+from server.auth.jwt_tokens import JwtVerifier
 from server.auth.keys import create_key, hash_secret
 from server.settings import Settings
 from tests.api.conftest import Api, open_api
@@ -206,6 +208,43 @@ async def test_rs256_with_a_public_key_or_jwks(
             problem(resp, 401, "UNAUTHENTICATED")
 
 
+async def test_a_jwks_key_of_another_kind_refuses_the_token_naming_it(
+    tmp_path: Path, data_dir: Path, rsa_keys: tuple[Any, Path, Path]
+) -> None:
+    """An identity provider's JWKS may hold EC, OKP, symmetric or encryption keys beside
+    its RSA signing keys: a token naming one of them is a 401, not a 500."""
+    private, _, jwks = rsa_keys
+    ec = ec_keys.generate_private_key(ec_keys.SECP256R1())
+    ed = ed25519.Ed25519PrivateKey.generate()
+    others = [
+        {**json.loads(jwt.algorithms.ECAlgorithm.to_jwk(ec.public_key())), "kid": "ec1"},
+        {**json.loads(jwt.algorithms.OKPAlgorithm.to_jwk(ed.public_key())), "kid": "ed1"},
+        {"kty": "oct", "k": "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTEyMzQ", "kid": "oct1"},
+        {**json.loads(jwks.read_text())["keys"][0], "kid": "enc1", "use": "enc"},
+    ]
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps({"keys": [*json.loads(jwks.read_text())["keys"], *others]}))
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=f"sqlite:///{tmp_path / 'runtime.db'}",
+        bootstrap_local_keys=False,
+        jwt_jwks_file=mixed,
+        jwt_issuer="https://idp.example",
+        jwt_audience="agent-runtime",
+    )
+    good = claims(iss="https://idp.example", aud="agent-runtime")
+    async with open_api(settings, headers={}) as api:
+        for kid in ("ec1", "ed1", "oct1", "enc1"):
+            signed = jwt.encode(good, private, algorithm="RS256", headers={"kid": kid})
+            problem(await status_with(api, signed), 401, "UNAUTHENTICATED")
+        signed = jwt.encode(good, private, algorithm="RS256", headers={"kid": "k1"})
+        assert (await status_with(api, signed)).status_code == 200
+    only_others = tmp_path / "others.json"
+    only_others.write_text(json.dumps({"keys": others}))
+    with pytest.raises(ValueError, match="no RS256 signing key"):
+        JwtVerifier(settings.model_copy(update={"jwt_jwks_file": only_others}))
+
+
 def test_local_keys_are_made_only_on_the_embedded_default_unless_asked() -> None:
     assert Settings(database_url=None).bootstraps_local_keys
     assert not Settings(database_url="postgresql://db/agents").bootstraps_local_keys
@@ -263,8 +302,6 @@ async def test_servers_starting_at_once_make_one_set_of_local_keys(
 
 
 def test_risky_jwt_settings_refuse_to_start(tmp_path: Path) -> None:
-    from server.auth.jwt_tokens import JwtVerifier
-
     with pytest.raises(ValueError, match="at least 32 bytes"):
         JwtVerifier(Settings(jwt_hs256_secret="short"))
     pem = tmp_path / "k.pem"
