@@ -126,5 +126,6 @@ class JwtVerifier:
             tenant_id=tenant,
             roles=frozenset(roles),
             scopes=frozenset(scopes),
-            via=f"jwt:{issuer or alg}",
+            # The local secret's holder can write any iss: its tokens are named by it.
+            via=f"jwt:{issuer}" if alg == "RS256" and issuer else f"jwt:{alg}",
         )

@@ -18,7 +18,10 @@ ANY_SCOPE: Final = "*"
 
 
 NAME_MAX: Final = 200
-NAME_RULE: Final = f"1 to {NAME_MAX} characters, none a control, format or line-break one"
+NAME_RULE: Final = (
+    f"1 to {NAME_MAX} characters, none a control, format or line-break one, no space"
+    " at either end and none but U+0020 inside"
+)
 """What :func:`is_name` asks, for messages."""
 _UNSEEN: Final = frozenset({"Cc", "Cf", "Zl", "Zp"})
 """Unicode categories a name may not hold: controls, invisible format characters
@@ -27,11 +30,15 @@ _UNSEEN: Final = frozenset({"Cc", "Cf", "Zl", "Zp"})
 
 def is_name(value: object) -> bool:
     """A user or tenant id, a role, a scope or an issuer as a principal may carry: 1 to
-    200 characters, none of them unseen (a tenant "t\\x01" would print as "t") and
-    text every store keeps (JSON may carry half a surrogate pair, which none does)."""
+    200 characters, none of them unseen (a tenant "t\\x01" would print as "t"), no
+    space that makes it print as another ("alice " as "alice", a no-break space as a
+    space: the four-eyes rule compares ids as given) and text every store keeps (JSON
+    may carry half a surrogate pair, which none does)."""
     if not (isinstance(value, str) and 0 < len(value) <= NAME_MAX):
         return False
-    if any(unicodedata.category(c) in _UNSEEN for c in value):
+    if value != value.strip():
+        return False
+    if any(unicodedata.category(c) in _UNSEEN or (c.isspace() and c != " ") for c in value):
         return False
     try:
         value.encode()

@@ -93,6 +93,9 @@ async def test_api_key_lifecycle(api: Api) -> None:
         ({"scopes": ["s" * 201]}, "scopes"),
         ({"scopes": ["east", "we\nst"]}, "scopes"),
         ({"label": "l" * 201}, "label"),
+        # Printed as "alice" (or as "al ice"), and not that user: four eyes compare ids.
+        ({"user_id": "alice "}, "user id"),
+        ({"user_id": "al\u00a0ice"}, "user id"),
     ],
 )
 async def test_a_key_is_refused_a_name_no_token_could_carry(
@@ -141,12 +144,26 @@ async def test_a_key_is_refused_a_name_no_token_could_carry(
         (lambda: jwt.encode(claims(tenant_id="demo-retail\u200b"), TEST_JWT_SECRET), "tenant_id"),
         (lambda: jwt.encode(claims(sub="u-ops-001\u202e"), TEST_JWT_SECRET), "sub"),
         (lambda: jwt.encode(claims(sub="u-ops\u2028001"), TEST_JWT_SECRET), "sub"),
+        (lambda: jwt.encode(claims(sub="u-ops-001 "), TEST_JWT_SECRET), "sub"),
+        (lambda: jwt.encode(claims(tenant_id=" demo-retail"), TEST_JWT_SECRET), "tenant_id"),
+        (lambda: jwt.encode(claims(sub="u-ops\u3000001"), TEST_JWT_SECRET), "sub"),
     ],
 )
 async def test_bad_jwts_are_401(api: Api, make: Any, why: str) -> None:
     resp = await status_with(api, make())
     problem(resp, 401, "UNAUTHENTICATED")
     assert why in resp.json()["detail"]
+
+
+async def test_two_authorization_headers_are_refused(api: Api) -> None:
+    """A proxy that checks the last of them would see another caller than the app."""
+    mine, theirs = token(user="u-ops-001"), token(user="u-mgr-002")
+    resp = await api.client.get(
+        "/runs",
+        headers=[("Authorization", f"Bearer {mine}"), ("Authorization", f"Bearer {theirs}")],
+    )
+    problem(resp, 401, "UNAUTHENTICATED")
+    assert "one Authorization header" in resp.json()["detail"]
 
 
 def test_hs256_token_helper_round_trips() -> None:
@@ -243,6 +260,26 @@ async def test_a_jwks_key_of_another_kind_refuses_the_token_naming_it(
     only_others.write_text(json.dumps({"keys": others}))
     with pytest.raises(ValueError, match="no RS256 signing key"):
         JwtVerifier(settings.model_copy(update={"jwt_jwks_file": only_others}))
+
+
+def test_via_names_the_local_secret_whatever_iss_its_tokens_carry(
+    rsa_keys: tuple[Any, Path, Path],
+) -> None:
+    """With both kinds configured, the local HS256 secret's holder can write the
+    identity provider's iss: the audit names the secret, not the provider."""
+    private, pem, _ = rsa_keys
+    verifier = JwtVerifier(
+        Settings(
+            jwt_hs256_secret=TEST_JWT_SECRET,
+            jwt_public_key_file=pem,
+            jwt_issuer="https://idp.example",
+            jwt_audience="agent-runtime",
+        )
+    )
+    good = claims(iss="https://idp.example", aud="agent-runtime")
+    assert verifier.verify(jwt.encode(good, TEST_JWT_SECRET)).via == "jwt:HS256"
+    signed = jwt.encode(good, private, algorithm="RS256")
+    assert verifier.verify(signed).via == "jwt:https://idp.example"
 
 
 def test_local_keys_are_made_only_on_the_embedded_default_unless_asked() -> None:
