@@ -63,6 +63,7 @@ class Code(StrEnum):
     TOO_MANY_STREAMS = "TOO_MANY_STREAMS"
     JSON_TOO_DEEP = "JSON_TOO_DEEP"
     MALFORMED_REQUEST = "MALFORMED_REQUEST"
+    HEADERS_TOO_LARGE = "HEADERS_TOO_LARGE"
     NOT_FOUND = "NOT_FOUND"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
@@ -130,6 +131,7 @@ CODES: dict[Code, CodeInfo] = {
     C.TOO_MANY_STREAMS: CodeInfo("Too many open event streams", R.RETRY, 429),
     C.JSON_TOO_DEEP: CodeInfo("Request JSON is nested too deeply", R.NONE, 422),
     C.MALFORMED_REQUEST: CodeInfo("The request is not valid HTTP", R.NONE, 400),
+    C.HEADERS_TOO_LARGE: CodeInfo("Request line and headers too large", R.NONE, 431),
     C.NOT_FOUND: CodeInfo("Not found", R.NONE, 404),
     C.METHOD_NOT_ALLOWED: CodeInfo("Method not allowed", R.NONE, 405),
     C.NOT_ACCEPTABLE: CodeInfo("Not acceptable", R.NONE, 406),

@@ -1,6 +1,8 @@
 """Requests that are not valid HTTP (a bad Content-Length, a broken request line) are
 refused by uvicorn's parser before any app code runs, with a plain-text 400. This
-protocol gives them the problem+json every other error has."""
+protocol gives them the problem+json every other error has, and refuses a request
+head (request line and headers) larger than :data:`MAX_HEAD_BYTES`, which httptools
+would otherwise buffer whole, however large, for a caller not yet authenticated."""
 
 from __future__ import annotations
 
@@ -12,14 +14,70 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from runtime.errors import Code
 from server.api.problems import problem_body
 
+MAX_HEAD_BYTES = 64 * 1024
+"""The most a request's line and headers may take (nginx allows 32 KiB by default)."""
+
 
 class ProblemHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol (uvicorn[standard], what ``serve`` runs on), its 400
-    for a request it cannot parse as problem+json."""
+    for a request it cannot parse as problem+json, and a 431 for too large a head."""
+
+    _head_bytes = 0
+    """The current request's line and headers, as the parser has handed them over."""
+    _unparsed = 0
+    """Bytes received while its head was still incomplete (the parser holds them)."""
+    _in_head = False
+    _too_large = False
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # A head still incomplete once the parser has seen the chunk: counted whole (a
+        # pipelined head may share it with a previous request's body, at most one read).
+        if self._in_head and not self.transport.is_closing():
+            self._unparsed += len(data)
+            if self._unparsed > MAX_HEAD_BYTES:
+                self._refuse_head()
+
+    def on_message_begin(self) -> None:
+        self._in_head, self._head_bytes, self._unparsed = True, 0, 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def _count(self, size: int) -> None:
+        """A head that arrived whole in one read: raising stops the parser, which
+        reports a callback error (send_400_response), answered as a 431."""
+        self._head_bytes += size
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._too_large = True
+            raise ValueError("request head too large")
 
     def send_400_response(self, msg: str) -> None:
-        body = json.dumps(problem_body(Code.MALFORMED_REQUEST, msg)).encode()
-        content = [b"HTTP/1.1 400 Bad Request\r\n"]
+        if self._too_large:
+            self._refuse_head()
+        else:
+            self._refuse(b"400 Bad Request", Code.MALFORMED_REQUEST, msg)
+
+    def _refuse_head(self) -> None:
+        self._refuse(
+            b"431 Request Header Fields Too Large",
+            Code.HEADERS_TOO_LARGE,
+            f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
+        )
+
+    def _refuse(self, status: bytes, code: Code, msg: str) -> None:
+        body = json.dumps(problem_body(code, msg)).encode()
+        content = [b"HTTP/1.1 " + status + b"\r\n"]
         for name, value in self.server_state.default_headers:
             content.extend([name, b": ", value, b"\r\n"])
         content.extend(

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from server.wire import MAX_HEAD_BYTES
 from tests.auth import OPS
 from tests.integration.conftest import _serving
 from tests.integration.server_proc import ServerProcess
@@ -73,3 +74,48 @@ def test_a_websocket_upgrade_is_answered_as_http(running: ServerProcess, key: by
     status, headers, body = exchange(running, raw)
     assert status == 404 and headers["content-type"] == "application/problem+json"
     assert json.loads(body)["code"] == "NOT_FOUND"
+
+
+def test_a_request_head_too_large_is_431_and_a_large_body_is_not(running: ServerProcess) -> None:
+    """httptools buffers a head whole, however large, before any app code (or credential
+    check) runs: past MAX_HEAD_BYTES the connection is answered and closed. A body is not
+    the head: a large one sent in the same write as a small head reaches the app."""
+    huge = b"GET /runs HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 1) + b"\r\n\r\n"
+    status, headers, body = exchange(running, huge)
+    assert status == 431 and headers["content-type"] == "application/problem+json"
+    assert json.loads(body)["code"] == "HEADERS_TOO_LARGE"
+    # Many headers add up: each small, together over the cap.
+    many = b"".join(b"X-H%d: %s\r\n" % (i, b"b" * 1000) for i in range(80))
+    status, _, body = exchange(running, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n")
+    assert status == 431 and json.loads(body)["code"] == "HEADERS_TOO_LARGE"
+    # Under the cap, a large header is served; and a large body with it is the app's.
+    fine = b"X-Big: " + b"c" * (MAX_HEAD_BYTES // 2) + b"\r\n"
+    status, _, _ = exchange(
+        running, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + fine + b"\r\n"
+    )
+    assert status == 200
+    payload = json.dumps({"input": "x" * 200_000}).encode()
+    auth = "".join(f"{k}: {v}\r\n" for k, v in OPS.items()).encode()
+    post = (
+        b"POST /runs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        + auth
+        + b"Content-Length: %d\r\n\r\n" % len(payload)
+        + payload
+    )
+    status, _, body = exchange(running, post)
+    assert status == 422 and json.loads(body)["code"] == "VALIDATION_ERROR"  # input too long
+
+
+def test_a_head_that_never_ends_is_refused_once_past_the_cap(running: ServerProcess) -> None:
+    """A caller trickling one endless header: answered once the cap is passed, not
+    buffered until the head ends (it never does)."""
+    start = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Endless: "
+    with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
+        # One byte past the cap, and no more: what the server has not read when it
+        # closes would make its kernel reset the connection, answer and all.
+        sock.sendall(start + b"z" * (MAX_HEAD_BYTES + 1 - len(start)))
+        answer = b""
+        while chunk := sock.recv(65536):  # the server answers and closes
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert b'"HEADERS_TOO_LARGE"' in answer
