@@ -28,6 +28,23 @@ class EchoArgs(BaseModel):
     n: int = Field(ge=1, le=10)
 
 
+class SayArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: str
+
+
+SAID: dict[str, object] = {
+    "text": "plain string",
+    "digits": "42",
+    "quoted": '"quoted"',
+    "number": 42,
+    "fraction": 0.5,
+    "truth": True,
+    "pair": ("a", 1),
+}
+"""What ``say`` returns, by kind: JSON values that are not objects (a tuple is a list)."""
+
+
 class CounterArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     label: str
@@ -70,6 +87,9 @@ def counter_lines(data_dir: Path) -> list[str]:
 def build_tools(data_dir: Path) -> ToolRegistry:
     async def echo(args: EchoArgs, ctx: ToolContext) -> dict[str, object]:
         return {"text": args.text * args.n}
+
+    async def say(args: SayArgs, ctx: ToolContext) -> object:
+        return SAID[args.kind]
 
     async def counter(args: CounterArgs, ctx: ToolContext) -> dict[str, object]:
         # A real, non-idempotent side effect: one line per execution.
@@ -141,6 +161,7 @@ def build_tools(data_dir: Path) -> ToolRegistry:
     return ToolRegistry(
         [
             ToolSpec("echo", "1", "Repeat text n times.", EchoArgs, echo),
+            ToolSpec("say", "1", "A bare JSON value of the kind asked.", SayArgs, say),
             ToolSpec(
                 "counter",
                 "1",
@@ -312,6 +333,14 @@ def rememberer(view: PlannerView) -> Decision:
     return finish(str((view.observations[-1].output or {}).get("value")))
 
 
+def plain_talker(view: PlannerView) -> Decision:
+    """Asks ``say`` for each kind of bare value in turn, then answers with what it saw."""
+    said = [o.output for o in view.observations]
+    if len(said) < len(SAID):
+        return call("say", kind=list(SAID)[len(said)])
+    return finish(repr(said))
+
+
 def broken(view: PlannerView) -> Decision:
     return call("flaky", seconds=0)
 
@@ -351,6 +380,7 @@ SCRIPTS: dict[str, Script] = {
     "second_guesser": second_guesser,
     "double_wirer": double_wirer,
     "broken": broken,
+    "plain_talker": plain_talker,
     "wanderer": wanderer,
 }
 

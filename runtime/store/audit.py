@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from runtime.model import utcnow
-from runtime.store.core import StoreCore, _dec, _enc, _iso
+from runtime.store.core import StoreCore, _dec, _enc_col, _iso
 
 AuditAction = Literal["memory.forget", "memory.delete", "key.create", "key.revoke"]
 """Every action the trail records (and GET /audit filters on)."""
@@ -50,7 +50,7 @@ class AuditQueries(StoreCore):
         async with self.tx() as tx:
             await tx.execute(
                 f"INSERT INTO audit ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
-                [_enc(v) for v in row.values()],
+                [_enc_col(k, v) for k, v in row.items()],
             )
         return entry
 

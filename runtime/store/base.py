@@ -33,6 +33,7 @@ from runtime.store.core import (
     Tx,
     _dec,
     _enc,
+    _enc_col,
     event_of,
 )
 from runtime.store.leases import LeaseQueries
@@ -126,7 +127,7 @@ class RunStore(
                 f"INSERT INTO runs ({', '.join(values)}) "
                 f"VALUES ({', '.join('?' for _ in values)}) ON CONFLICT DO NOTHING "
                 "RETURNING run_id",
-                [_enc(v) for v in values.values()],
+                [_enc_col(k, v) for k, v in values.items()],
             )
             if inserted is None:
                 # A concurrent request with the same key committed first.

@@ -72,11 +72,32 @@ def _enc(value: Any) -> Any:
     return value
 
 
+def _enc_col(column: str, value: Any) -> Any:
+    """``value`` as column ``column`` keeps it: in a JSON column, JSON text whatever its
+    type (a tool's output may be a bare string or number, which :func:`_enc` keeps as
+    is and :func:`_dec` would then read as JSON: text that is not JSON failed every read
+    of the run, "42" came back a number)."""
+    if (
+        column in _JSON_COLUMNS
+        and value is not None
+        and not isinstance(value, dict | list)
+        and not hasattr(value, "model_dump")
+    ):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return _enc(value)
+
+
 def _dec(row: Row) -> Row:
     return {
-        k: (json.loads(v) if k in _JSON_COLUMNS and isinstance(v, str) else v)
-        for k, v in row.items()
+        k: (_json(v) if k in _JSON_COLUMNS and isinstance(v, str) else v) for k, v in row.items()
     }
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # a bare string an earlier version stored as is
 
 
 def event_row(run_id: str, seq: int, type_: str, ts: str, data: str) -> Row:
@@ -532,7 +553,7 @@ class StoreCore(ABC):
         return await tx.fetchone(
             f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
             f"ON CONFLICT DO NOTHING RETURNING {returning or key}",
-            [_enc(data[c]) for c in cols],
+            [_enc_col(c, data[c]) for c in cols],
         )
 
     async def _update_run(self, tx: Tx, run_id: str, **fields: Any) -> None:
@@ -540,7 +561,7 @@ class StoreCore(ABC):
         sets = ", ".join(f"{k} = ?" for k in fields)
         await tx.execute(
             f"UPDATE runs SET {sets} WHERE run_id = ?",
-            [*(_enc(v) for v in fields.values()), run_id],
+            [*(_enc_col(k, v) for k, v in fields.items()), run_id],
         )
 
     async def _transition(
@@ -572,7 +593,7 @@ class StoreCore(ABC):
         sets = ", ".join(f"{k} = ?" for k in fields)
         updated = await tx.fetchone(
             f"UPDATE runs SET {sets}, last_seq = last_seq + ? WHERE run_id = ? RETURNING *",
-            [*(_enc(v) for v in fields.values()), len(all_events), run_id],
+            [*(_enc_col(k, v) for k, v in fields.items()), len(all_events), run_id],
         )
         assert updated is not None, "the run row is locked"
         await self._insert_events(tx, run_id, int(updated["last_seq"]), all_events)

@@ -28,6 +28,7 @@ from runtime.store.core import (
     Row,
     _dec,
     _enc,
+    _enc_col,
     _ts,
     event_row,
 )
@@ -116,7 +117,7 @@ class PgSingleStatements(RunStore):
         params = [
             run.context.tenant_id,
             *ACTIVE_STATES,
-            *(_enc(values[c]) for c in cols),
+            *(_enc_col(c, values[c]) for c in cols),
             max_active is None,
             max_active or 0,
             *event,
@@ -183,7 +184,7 @@ class PgSingleStatements(RunStore):
             [
                 call.run_id,
                 version,
-                *(_enc(values[c]) for c in cols),
+                *(_enc_col(c, values[c]) for c in cols),
                 *event,
                 EVENTS_CHANNEL,
             ],
@@ -220,7 +221,7 @@ class PgSingleStatements(RunStore):
             [
                 run_id,
                 version,
-                *(_enc(v) for v in fields.values()),
+                *(_enc_col(k, v) for k, v in fields.items()),
                 tool_call_id,
                 *from_status,
                 *event,

@@ -18,7 +18,15 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, State, Trigger, transition
 from runtime.store.base import Row, Tx
-from runtime.store.core import EVENTS_CHANNEL, LeaseLost, _enc, _transition_changes, _ts, event_row
+from runtime.store.core import (
+    EVENTS_CHANNEL,
+    LeaseLost,
+    _enc,
+    _enc_col,
+    _transition_changes,
+    _ts,
+    event_row,
+)
 from runtime.store.journal import PendingTransition
 from runtime.store.pg_once import PgSingleStatements
 
@@ -238,7 +246,7 @@ class PostgresRunStore(PgSingleStatements):
         fields, all_events = _transition_changes(expect, target, trigger, events, fields)
         sets = ", ".join(f"{k} = %s" for k in fields)
         params: list[Any] = [
-            *(_enc(v) for v in fields.values()),
+            *(_enc_col(k, v) for k, v in fields.items()),
             len(all_events),
             run_id,
             expect.value,

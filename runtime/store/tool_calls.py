@@ -9,7 +9,7 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.model import ToolCall
 from runtime.services import close_call
-from runtime.store.core import StoreCore, _dec, _enc, _ts
+from runtime.store.core import StoreCore, _dec, _enc_col, _ts
 from runtime.store.records import tool_call_rows
 
 
@@ -59,7 +59,7 @@ class ToolCallQueries(StoreCore):
             row = await tx.fetchone(
                 f"INSERT INTO tool_calls ({', '.join(cols)}) "
                 f"VALUES ({', '.join('?' for _ in cols)}) ON CONFLICT DO NOTHING RETURNING *",
-                [_enc(values[c]) for c in cols],
+                [_enc_col(c, values[c]) for c in cols],
             )
             claimed = row is not None
             if claimed:
@@ -89,7 +89,7 @@ class ToolCallQueries(StoreCore):
             row = await tx.fetchone(
                 f"UPDATE tool_calls SET {sets} WHERE tool_call_id = ? "
                 f"AND status IN ({statuses}) RETURNING *",
-                [*(_enc(v) for v in fields.values()), tool_call_id, *from_status],
+                [*(_enc_col(k, v) for k, v in fields.items()), tool_call_id, *from_status],
             )
             if row is not None and action is not None:
                 await self._append(tx, row["run_id"], EventType.ACTION, action)
