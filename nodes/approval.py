@@ -26,18 +26,31 @@ from runtime.tooling import ToolResolver
 NodeFn = Any
 
 
-def parse_decision(answer: Any) -> tuple[ApprovalDecision, str | None, str]:
-    """(approved|rejected, comment, decided_by) from a resume payload."""
+APPROVE = frozenset({"approve", "approved", "yes", "true"})
+REJECT = frozenset({"reject", "rejected", "no", "false"})
+
+
+def parse_decision(
+    answer: Any, approval_id: str | None = None
+) -> tuple[ApprovalDecision, str | None, str]:
+    """(approved|rejected, comment, decided_by) from a resume payload.
+
+    A decision that is neither (a typo, "maybe") or an ``approval_id`` naming another
+    approval is a ValueError: it must not be taken for a rejection, nor decide the
+    wrong call.
+    """
     if isinstance(answer, dict):
         raw = str(answer.get("decision", "")).lower()
         comment = answer.get("comment")
         by = str(answer.get("decided_by") or "graph-resume")
+        named = answer.get("approval_id")
+        if named is not None and approval_id is not None and named != approval_id:
+            raise ValueError(f"the resume names approval {named!r:.80}; {approval_id} is asked")
     else:
         raw, comment, by = str(answer).lower(), None, "graph-resume"
-    status: ApprovalDecision = (
-        "approved" if raw in ("approve", "approved", "yes", "true") else "rejected"
-    )
-    return status, comment, by
+    if raw not in APPROVE | REJECT:
+        raise ValueError(f"a resume decides 'approve' or 'reject', not {raw!r:.80}")
+    return ("approved" if raw in APPROVE else "rejected"), comment, by
 
 
 def make_approval_node(tools: ToolResolver) -> NodeFn:
@@ -90,8 +103,15 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
             # Called for every approval, decided or not, so that resume values stay
             # matched to interrupts by position when the node replays.
             answer = interrupt(request)
-            if row.status == "pending":
-                status, comment, by = parse_decision(answer)
+            while row.status == "pending":
+                try:
+                    status, comment, by = parse_decision(answer, approval_id)
+                except ValueError as exc:
+                    # Asked again, saying why (LangGraph's way to check a human's answer):
+                    # raising would fail the task with the bad value kept as its resume.
+                    # A replay meets the same answers in the same order: deterministic.
+                    answer = interrupt({**request, "refused": str(exc)})
+                    continue
                 row, _ = await ctx.store.decide_approval(
                     approval_id,
                     status,

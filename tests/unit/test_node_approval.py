@@ -104,6 +104,42 @@ async def test_a_decision_made_meanwhile_wins_over_the_resume_value(env: NodeEnv
     assert (await env.event_types()).count("approval_result") == 1
 
 
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        ({"decision": "maybe"}, "approve' or 'reject"),
+        ("", "approve' or 'reject"),
+        ({"comment": "forgot the decision"}, "approve' or 'reject"),
+        ({"decision": "approve", "approval_id": "ap-another"}, "ap-another"),
+    ],
+)
+async def test_a_resume_that_decides_nothing_clear_decides_nothing(
+    env: NodeEnv, answer: Any, why: str
+) -> None:
+    """A resume straight into the graph (LangGraph Studio) with a value that is neither
+    decision, or that names another approval, is asked again, saying why: it was taken
+    for a rejection, which failed the run, or decided the call asked about instead of
+    the one named."""
+    graph = OneNode(env)
+    state = await guarded(env, call("refund", amount=5), call("refund", amount=6))
+    await graph.run(state)
+    [asked] = await graph.asked()
+
+    await graph.run(Command(resume=answer))
+
+    row = await env.store.get_approval(asked["approval_id"])
+    assert row is not None and row.status == "pending"
+    assert (await env.event_types()).count("approval_result") == 0
+    [again] = await graph.asked()
+    assert why in again.pop("refused")
+    assert again == asked  # the same question, and a clear answer then decides it
+    await graph.run(Command(resume={"decision": "approve", "approval_id": asked["approval_id"]}))
+    [second] = await graph.asked()
+    assert second["approval_id"] != asked["approval_id"]
+    row = await env.store.get_approval(asked["approval_id"])
+    assert row is not None and row.status == "approved"
+
+
 async def test_each_call_is_asked_in_turn_and_a_replay_asks_nothing_twice(env: NodeEnv) -> None:
     graph = OneNode(env)
     state = await guarded(env, call("refund", amount=5), call("refund", amount=6))
