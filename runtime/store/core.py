@@ -52,6 +52,10 @@ CANCEL_CHANNEL = "agent_runtime_cancel"
 """NOTIFY payload '<run_id>': whoever drives the run must stop it."""
 
 
+class SchemaTooNew(RuntimeError):
+    """The database was migrated by a newer agent-runtime than this one."""
+
+
 class Tx(Protocol):
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None: ...
@@ -427,6 +431,14 @@ class StoreCore(ABC):
             await tx.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = await tx.fetchone("SELECT MAX(version) AS v FROM schema_version")
             current = (row or {}).get("v") or 0
+            if current > len(MIGRATIONS):
+                # Rolled back onto a database a newer version has migrated: its rows have
+                # columns and meanings this code would write around, silently wrong.
+                raise SchemaTooNew(
+                    f"the database's schema is version {current}, newer than this "
+                    f"agent-runtime knows ({len(MIGRATIONS)}): start the version that "
+                    "migrated it, or restore a backup from before it did"
+                )
             for version, statements in enumerate(MIGRATIONS, start=1):
                 if version <= current:
                     continue

@@ -17,6 +17,7 @@ from runtime.lifecycle import State, Trigger
 from runtime.model import Approval, BudgetLimits, RunOptions, utcnow
 from runtime.store import leases
 from runtime.store.base import RunStore
+from runtime.store.core import SchemaTooNew
 from runtime.store.leases import CLAIM_SPARE
 from runtime.store.schema import MIGRATIONS
 from runtime.store.sqlite import SqliteRunStore
@@ -819,3 +820,15 @@ async def test_an_embedded_database_is_readable_by_its_owner_alone(tmp_path: Pat
         assert [stat.S_IMODE(f.stat().st_mode) for f in files] == [0o600, 0o600]
     finally:
         await backend.close()
+
+
+async def test_a_database_a_newer_version_migrated_refuses_this_one(backend: object) -> None:
+    """A rollback onto a migrated database: the older code would write around columns
+    and meanings it does not know, silently wrong (a probe saw approvals stored in a
+    shape no later migration fixes). It refuses, and writes nothing."""
+    store = store_of(backend)
+    await store.migrate()  # a second time on a current database: nothing to do
+    async with store.tx() as tx:
+        await tx.execute("INSERT INTO schema_version (version) VALUES (?)", (len(MIGRATIONS) + 1,))
+    with pytest.raises(SchemaTooNew, match=f"version {len(MIGRATIONS) + 1}, newer"):
+        await store.migrate()
