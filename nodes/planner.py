@@ -48,6 +48,8 @@ def make_planner_node(
             over = before_plan(usage, limits, ctx.active_s())
             if over:
                 return {"outcome": failed(Code.RUN_BUDGET_EXCEEDED, over)}
+            if "input" not in state:  # a graph invoked directly (Studio): the API checks
+                raise ValueError("the graph's input has no 'input': the question or task")
             view = PlannerView(
                 run_id=ctx.run_id,
                 input=state["input"],

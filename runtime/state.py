@@ -12,13 +12,13 @@ from typing import Annotated, Any
 
 # typing_extensions' TypedDict: pydantic (and so LangGraph Studio's input form) cannot
 # build a JSON schema from typing.TypedDict on Python < 3.12.
-from typing_extensions import TypedDict
+from typing_extensions import Required, TypedDict
 
 from runtime.model import RunContext
 
 
 class InputState(TypedDict, total=False):
-    input: str
+    input: Required[str]
     """The user's question or task, as given to POST /runs."""
     context: dict[str, Any]
     """user_id, tenant_id, scope…: passed unchanged into policy and tools."""

@@ -198,3 +198,15 @@ async def test_a_decision_is_recorded_as_the_stores_can_keep_it(env: NodeEnv) ->
     update = await node(env.state(usage=Usage(steps=1).model_dump()), env.runtime)
     assert "outcome" not in update
     assert Decision.model_validate(update["decision"]).answer == "half an emoji \ufffd"
+
+
+async def test_a_graph_invoked_without_an_input_is_told_so(env: NodeEnv) -> None:
+    """Studio invokes the graph with whatever its form holds: no ``input`` was a bare
+    KeyError 'input'. Nothing is planned or recorded."""
+    planner = CountingPlanner(finish("done"))
+    state = {k: v for k, v in env.state().items() if k != "input"}
+
+    with pytest.raises(ValueError, match="no 'input'"):
+        await make_planner_node(planner, env.tools)(state, env.runtime)
+
+    assert planner.views == [] and await env.store.get_step(env.run_id, 0) is None
