@@ -102,6 +102,11 @@ async def keys(args: argparse.Namespace) -> int:
             await store.record_audit(
                 revoked.tenant_id, "cli", "key.revoke", args.key_id, user_id=revoked.user_id
             )
+            print(
+                f"(key {args.key_id} of {revoked.user_id} of {revoked.tenant_id} revoked: "
+                "refused from now on; event streams it opened end within SSE_KEEPALIVE_S)",
+                file=sys.stderr,
+            )
     finally:
         await backend.close()
     return 0

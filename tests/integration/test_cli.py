@@ -252,7 +252,9 @@ def test_keys_create_list_revoke(server: ServerProcess) -> None:
         ], as_json
         assert all("hash" not in name for k in as_json for name in k)
 
-    assert cli(server, "keys", "revoke", key["key_id"]).returncode == 0
+    revoked = cli(server, "keys", "revoke", key["key_id"])
+    assert revoked.returncode == 0 and revoked.stdout == ""
+    assert f"key {key['key_id']} of bob of acme revoked" in revoked.stderr
     refused = cli(server, "runs", "--token", key["token"])
     assert refused.returncode == 2 and "UNAUTHENTICATED" in refused.stderr
     assert cli(server, "keys", "revoke", key["key_id"]).returncode == 2
