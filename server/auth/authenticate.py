@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
+
 from runtime.errors import Code, RuntimeProblem
 from runtime.store.base import RunStore
 from server.auth.jwt_tokens import JwtError, JwtVerifier
 from server.auth.keys import PREFIX, principal_for_key
 from server.auth.principal import Principal
 from server.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 class Authenticator:
@@ -33,6 +38,23 @@ class Authenticator:
             return self.jwt.verify(token)
         except JwtError as exc:
             raise unauthenticated(f"invalid token: {exc}") from exc
+
+    def recheck(self, authorization: str | None) -> Callable[[], Awaitable[bool]]:
+        """Whether ``authorization`` still holds, asked again later (by a long-lived
+        stream): False once the key is revoked or the token expired. A store that
+        cannot answer now (a database blip) is no verdict on the key: True, until the
+        next time it is asked."""
+
+        async def still_holds() -> bool:
+            try:
+                await self.authenticate(authorization)
+            except RuntimeProblem:
+                return False
+            except Exception as exc:
+                log.warning("could not check a stream's credential again: %r", exc)
+            return True
+
+        return still_holds
 
 
 def unauthenticated(detail: str) -> RuntimeProblem:

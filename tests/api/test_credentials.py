@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec as ec_keys
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from runtime.backend import open_backend
+from server.auth.authenticate import Authenticator
 from server.auth.bootstrap import ensure_local_keys, read_local_keys
 from server.auth.jwt_tokens import JwtVerifier
 from server.auth.keys import create_key, hash_secret
@@ -280,6 +281,28 @@ def test_via_names_the_local_secret_whatever_iss_its_tokens_carry(
     assert verifier.verify(jwt.encode(good, TEST_JWT_SECRET)).via == "jwt:HS256"
     signed = jwt.encode(good, private, algorithm="RS256")
     assert verifier.verify(signed).via == "jwt:https://idp.example"
+
+
+async def test_a_recheck_tells_a_revoked_key_from_a_store_that_cannot_answer(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """What an open stream asks every keepalive: a revoked key ends it; a store that
+    cannot answer (a database blip) is no verdict, and the stream goes on."""
+    url = f"sqlite:///{tmp_path / 'runtime.db'}"
+    backend = await open_backend(url)
+    auth = Authenticator(Settings(data_dir=data_dir, database_url=url), backend.store)
+    try:
+        revoked = await create_key(backend.store, tenant_id="t", user_id="a")
+        kept = await create_key(backend.store, tenant_id="t", user_id="b")
+        ends = auth.recheck(f"Bearer {revoked.token}")
+        goes_on = auth.recheck(f"Bearer {kept.token}")
+        assert await ends() and await goes_on()
+        assert await backend.store.revoke_api_key(revoked.key_id)
+        assert not await ends()
+    finally:
+        await backend.close()
+    assert await goes_on()  # the store is closed: every read of it fails
+    assert not await auth.recheck("Bearer not-a-key")()
 
 
 def test_local_keys_are_made_only_on_the_embedded_default_unless_asked() -> None:

@@ -279,15 +279,6 @@ async def run_events(
     release = services.streams.acquire(
         (principal.tenant_id, principal.user_id), services.settings.max_streams_per_principal
     )
-    credential = request.headers.get("authorization")
-
-    async def still_allowed() -> bool:
-        try:
-            await services.auth.authenticate(credential)
-        except RuntimeProblem:
-            return False
-        return True
-
     stream = event_stream(
         services.store,
         services.bus,
@@ -295,7 +286,7 @@ async def run_events(
         start,
         services.settings.sse_keepalive_s,
         services.stopping,
-        still_allowed,
+        services.auth.recheck(request.headers.get("authorization")),
     )
     return StreamingResponse(
         services.streams.hold(stream, release),
