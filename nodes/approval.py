@@ -42,6 +42,8 @@ def parse_decision(
     if isinstance(answer, dict):
         raw = str(answer.get("decision", "")).lower()
         comment = answer.get("comment")
+        if comment is not None and not isinstance(comment, str):
+            raise ValueError("a comment is text")
         by = str(answer.get("decided_by") or "graph-resume")
         named = answer.get("approval_id")
         if named is not None and approval_id is not None and named != approval_id:
@@ -100,18 +102,20 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
                 ),
                 request,
             )
-            # Called for every approval, decided or not, so that resume values stay
-            # matched to interrupts by position when the node replays.
+            # Called for every approval, decided or not, and as often as its answers
+            # were refused, so that resume values stay matched to interrupts by position
+            # when the node replays: how often depends on the answers alone, never on
+            # whether the row was decided meanwhile.
             answer = interrupt(request)
-            while row.status == "pending":
+            while True:
                 try:
                     status, comment, by = parse_decision(answer, approval_id)
+                    break
                 except ValueError as exc:
                     # Asked again, saying why (LangGraph's way to check a human's answer):
                     # raising would fail the task with the bad value kept as its resume.
-                    # A replay meets the same answers in the same order: deterministic.
                     answer = interrupt({**request, "refused": str(exc)})
-                    continue
+            if row.status == "pending":
                 row, _ = await ctx.store.decide_approval(
                     approval_id,
                     status,

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Required
 
 # typing_extensions' TypedDict: pydantic (and so LangGraph Studio's input form) cannot
 # build a JSON schema from typing.TypedDict on Python < 3.12.
-from typing_extensions import Required, TypedDict
+from typing_extensions import TypedDict
 
 from runtime.model import RunContext
 

@@ -111,6 +111,7 @@ async def test_a_decision_made_meanwhile_wins_over_the_resume_value(env: NodeEnv
         ("", "approve' or 'reject"),
         ({"comment": "forgot the decision"}, "approve' or 'reject"),
         ({"decision": "approve", "approval_id": "ap-another"}, "ap-another"),
+        ({"decision": "approve", "comment": {"why": 1}}, "comment is text"),
     ],
 )
 async def test_a_resume_that_decides_nothing_clear_decides_nothing(
@@ -138,6 +139,34 @@ async def test_a_resume_that_decides_nothing_clear_decides_nothing(
     assert second["approval_id"] != asked["approval_id"]
     row = await env.store.get_approval(asked["approval_id"])
     assert row is not None and row.status == "approved"
+
+
+@pytest.mark.parametrize("decided_meanwhile", [False, True])
+async def test_a_refused_answer_keeps_later_answers_with_their_questions(
+    env: NodeEnv, decided_meanwhile: bool
+) -> None:
+    """Answers are matched to interrupts by position on every replay: a refused answer
+    is one more position, whether or not its approval has been decided since. (Asking
+    again only while the row was pending made the replay skip a position, and the
+    second call took the first's "approve" for the human's "reject".)"""
+    graph = OneNode(env)
+    state = await guarded(env, call("refund", amount=5), call("refund", amount=6))
+    await graph.run(state)
+    [first] = await graph.asked()
+
+    await graph.run(Command(resume="maybe"))
+    [again] = await graph.asked()
+    assert again["approval_id"] == first["approval_id"] and "refused" in again
+    if decided_meanwhile:  # through the API, as the human answers in Studio too
+        await env.approve(state["calls"][0])
+    await graph.run(Command(resume="approve"))
+    [second] = await graph.asked()
+    assert second["approval_id"] != first["approval_id"]
+    final = await graph.run(Command(resume="reject"))
+
+    rows = {r.approval_id: r.status for r in await env.store.list_approvals(run_id=env.run_id)}
+    assert rows == {first["approval_id"]: "approved", second["approval_id"]: "rejected"}
+    assert final["outcome"]["code"] == "APPROVAL_REJECTED"
 
 
 async def test_each_call_is_asked_in_turn_and_a_replay_asks_nothing_twice(env: NodeEnv) -> None:
