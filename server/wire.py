@@ -25,16 +25,21 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
     _head_bytes = 0
     """The current request's line and headers, as the parser has handed them over."""
     _unparsed = 0
-    """Bytes received while its head was still incomplete (the parser holds them)."""
+    """What its reads held besides bodies while its head was incomplete (the parser
+    holds a header until it ends)."""
+    _body_in_read = 0
+    """Body bytes the parser delivered from the read being parsed."""
     _in_head = False
     _too_large = False
 
     def data_received(self, data: bytes) -> None:
+        self._body_in_read = 0
         super().data_received(data)
-        # A head still incomplete once the parser has seen the chunk: counted whole (a
-        # pipelined head may share it with a previous request's body, at most one read).
+        # A head still incomplete once the parser has seen the read: what the read held
+        # besides a body counts (a pipelined head may share it with an earlier request,
+        # whose own head is counted with it: at most one more head).
         if self._in_head and not self.transport.is_closing():
-            self._unparsed += len(data)
+            self._unparsed += len(data) - self._body_in_read
             if self._unparsed > MAX_HEAD_BYTES:
                 self._refuse_head()
 
@@ -47,12 +52,17 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)  # ": " and CRLF
+        if self._in_head:  # not a chunked body's trailers
+            self._count(len(name) + len(value) + 4)  # ": " and CRLF
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_in_read += len(body)
+        super().on_body(body)
 
     def _count(self, size: int) -> None:
         """A head that arrived whole in one read: raising stops the parser, which

@@ -5,7 +5,9 @@ and goes on serving."""
 from __future__ import annotations
 
 import json
+import re
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -119,3 +121,40 @@ def test_a_head_that_never_ends_is_refused_once_past_the_cap(running: ServerProc
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 431 ")
     assert b'"HEADERS_TOO_LARGE"' in answer
+
+
+def test_a_large_body_and_the_next_head_in_one_read_are_not_a_large_head(
+    running: ServerProcess,
+) -> None:
+    """Pipelined: a head begun in the read that ends a large body is counted without
+    that body (it was, and the head "exceeded" the cap: a 431, the first answer lost);
+    nor do a chunked body's trailers count as head."""
+    payload = json.dumps({"input": "x" * 200_000}).encode()
+    auth = "".join(f"{k}: {v}\r\n" for k, v in OPS.items()).encode()
+    first = (
+        b"POST /runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + auth
+        + b"Content-Length: %d\r\n\r\n" % len(payload)
+        + payload
+    )
+    with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
+        sock.sendall(first + b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        time.sleep(0.3)
+        sock.sendall(b"Connection: close\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    statuses = [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)]
+    assert statuses == [422, 200], answer[:300]
+
+    big = b"X-Big: " + b"d" * (MAX_HEAD_BYTES - 2048) + b"\r\n"
+    trailers = b"".join(b"X-T%d: %s\r\n" % (i, b"t" * 1000) for i in range(6))
+    chunked = (
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n"
+        + big
+        + b"\r\n5\r\nhello\r\n0\r\n"
+        + trailers
+        + b"\r\n"
+    )
+    status, _, _ = exchange(running, chunked)
+    assert status == 200
