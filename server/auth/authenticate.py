@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+from runtime.engine import TRANSIENT_DB_ERRORS
 from runtime.errors import Code, RuntimeProblem
 from runtime.store.base import RunStore
 from server.auth.jwt_tokens import JwtError, JwtVerifier
@@ -41,17 +42,18 @@ class Authenticator:
 
     def recheck(self, authorization: str | None) -> Callable[[], Awaitable[bool]]:
         """Whether ``authorization`` still holds, asked again later (by a long-lived
-        stream): False once the key is revoked or the token expired. A store that
-        cannot answer now (a database blip) is no verdict on the key: True, until the
-        next time it is asked."""
+        stream): False once the key is revoked or the token expired, and where the
+        database cannot answer now: the stream then ends cleanly (its own reads would
+        fail on the same blip), and the client's reconnect is checked afresh."""
 
         async def still_holds() -> bool:
             try:
                 await self.authenticate(authorization)
             except RuntimeProblem:
                 return False
-            except Exception as exc:
+            except TRANSIENT_DB_ERRORS as exc:
                 log.warning("could not check a stream's credential again: %r", exc)
+                return False
             return True
 
         return still_holds

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import hmac
 import json
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any, TypedDict
@@ -283,26 +284,34 @@ def test_via_names_the_local_secret_whatever_iss_its_tokens_carry(
     assert verifier.verify(signed).via == "jwt:https://idp.example"
 
 
-async def test_a_recheck_tells_a_revoked_key_from_a_store_that_cannot_answer(
+async def test_a_recheck_ends_a_stream_whose_key_is_revoked_or_cannot_be_checked(
     tmp_path: Path, data_dir: Path
 ) -> None:
-    """What an open stream asks every keepalive: a revoked key ends it; a store that
-    cannot answer (a database blip) is no verdict, and the stream goes on."""
+    """What an open stream asks every keepalive: a revoked key ends it, and so does a
+    database that cannot answer (the stream's own reads would fail on it: it ends
+    cleanly, and the reconnect is checked afresh). Anything else is a bug, and raised."""
     url = f"sqlite:///{tmp_path / 'runtime.db'}"
     backend = await open_backend(url)
-    auth = Authenticator(Settings(data_dir=data_dir, database_url=url), backend.store)
+    store = backend.store
+    auth = Authenticator(Settings(data_dir=data_dir, database_url=url), store)
     try:
-        revoked = await create_key(backend.store, tenant_id="t", user_id="a")
-        kept = await create_key(backend.store, tenant_id="t", user_id="b")
-        ends = auth.recheck(f"Bearer {revoked.token}")
-        goes_on = auth.recheck(f"Bearer {kept.token}")
+        revoked = await create_key(store, tenant_id="t", user_id="a")
+        kept = await create_key(store, tenant_id="t", user_id="b")
+        ends, goes_on = (
+            auth.recheck(f"Bearer {revoked.token}"),
+            auth.recheck(f"Bearer {kept.token}"),
+        )
         assert await ends() and await goes_on()
-        assert await backend.store.revoke_api_key(revoked.key_id)
-        assert not await ends()
+        assert await store.revoke_api_key(revoked.key_id)
+        assert not await ends() and await goes_on()
+        assert not await auth.recheck("Bearer not-a-key")()
+        async with store.tx() as tx:  # a real database error on the key's lookup
+            await tx.execute("ALTER TABLE api_keys RENAME TO api_keys_away")
+        assert not await goes_on()
     finally:
         await backend.close()
-    assert await goes_on()  # the store is closed: every read of it fails
-    assert not await auth.recheck("Bearer not-a-key")()
+    with pytest.raises(sqlite3.ProgrammingError):  # a closed store: not a blip, a bug
+        await goes_on()
 
 
 def test_local_keys_are_made_only_on_the_embedded_default_unless_asked() -> None:
