@@ -1,12 +1,19 @@
-"""Which agents a server hosts: the demo agent plus any configured ``module:function``."""
+"""Which agents a server hosts: the demo agent plus any configured ``module:function``.
+
+Anything that keeps an agent from loading raises a ``ValueError`` of one line naming
+the setting (and the ``module:function``): the CLI refuses the start with it.
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from runtime.agent import AgentSpec
-from server.settings import Settings
+from server.settings import Settings, one_line, refused
+
+DEFAULT_FACTORY = "build_agents"
+"""The function of an extra agents' module whose entry names none (``module``)."""
 
 
 def load_agents(settings: Settings) -> dict[str, AgentSpec]:
@@ -14,19 +21,68 @@ def load_agents(settings: Settings) -> dict[str, AgentSpec]:
     from graphs.retail_analyst import build_agent
 
     agents: dict[str, AgentSpec] = {}
-    demo = build_agent(settings.resolved_demo_db, planner_model=settings.planner_model)
-    agents[demo.agent_id] = demo
-    # The agent the demo hands its reports to, runnable on its own too.
-    writer = report_writer.build_agent(demo.tools)
-    agents[writer.agent_id] = writer
-    for path in settings.extra_agents:
-        module_name, _, attr = path.partition(":")
-        try:
-            factory: Callable[[Settings], Iterable[AgentSpec]] = getattr(
-                importlib.import_module(module_name), attr or "build_agents"
+    sources: dict[str, str] = {}
+
+    def add(spec: AgentSpec, source: str) -> None:
+        if spec.agent_id in agents:
+            other = sources[spec.agent_id]
+            also = " twice" if other == source else f", as {other} does"
+            raise refused(
+                "extra_agents",
+                f"{source} returns agent {spec.agent_id!r}{also}: agent ids must be unique",
             )
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"AGENT_RUNTIME_EXTRA_AGENTS: cannot load {path!r}: {exc}") from exc
-        for spec in factory(settings):
-            agents[spec.agent_id] = spec
+        agents[spec.agent_id] = spec
+        sources[spec.agent_id] = source
+
+    demo = build_agent(settings.resolved_demo_db, planner_model=settings.planner_model)
+    add(demo, "the demo")
+    # The agent the demo hands its reports to, runnable on its own too.
+    add(report_writer.build_agent(demo.tools), "the demo")
+    for path in settings.extra_agents:
+        for spec in _extra_agents(path, settings):
+            add(spec, repr(path))
     return agents
+
+
+def _extra_agents(path: str, settings: Settings) -> list[AgentSpec]:
+    """The agents ``module:function`` returns, called with the settings."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # whatever its code raises as it runs: SyntaxError, NameError…
+        raise refused("extra_agents", f"cannot import {path!r}: {_named(exc)}") from exc
+    factory: Callable[[Settings], Iterable[AgentSpec]] | None = getattr(
+        module, attr or DEFAULT_FACTORY, None
+    )
+    if not callable(factory):
+        raise refused(
+            "extra_agents", f"{path!r}: {module_name} has no function {attr or DEFAULT_FACTORY}"
+        )
+    failed = f"{path!r} (called with the Settings, returning AgentSpecs) failed"
+    try:
+        returned = factory(settings)
+    except Exception as exc:
+        raise refused("extra_agents", f"{failed}: {_named(exc)}") from exc
+    if not isinstance(returned, Iterable) or isinstance(returned, str | bytes | Mapping):
+        raise refused(
+            "extra_agents", f"{path!r} returned {_kind(returned)}, not a list of AgentSpecs"
+        )
+    try:
+        specs = list(returned)  # a generator's code runs only now
+    except Exception as exc:
+        raise refused("extra_agents", f"{failed}: {_named(exc)}") from exc
+    for spec in specs:
+        if not isinstance(spec, AgentSpec):
+            raise refused(
+                "extra_agents",
+                f"{path!r} returned {_kind(spec)} among its agents, not an AgentSpec",
+            )
+    return specs
+
+
+def _named(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {one_line(exc)}"
+
+
+def _kind(value: object) -> str:
+    return "None" if value is None else f"an object of type {type(value).__name__}"

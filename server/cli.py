@@ -113,7 +113,7 @@ async def _run_worker(
 
 def _server_command(args: argparse.Namespace) -> int:
     from server.embedded import EmbeddedInUse, sole_host
-    from server.settings import Settings
+    from server.settings import Settings, one_line
 
     settings = Settings()
     _logging(settings)
@@ -124,7 +124,7 @@ def _server_command(args: argparse.Namespace) -> int:
             held.enter_context(sole_host(settings.resolved_database_url, host=False))
             agents = _preflight(settings, serves_api=args.command == "serve")
         except (EmbeddedInUse, ValueError, OSError, ImportError, RuntimeError) as exc:
-            print(f"agent-runtime {args.command}: {exc}", file=sys.stderr)
+            print(f"agent-runtime {args.command}: {one_line(exc)}", file=sys.stderr)
             return 2
         if args.command == "serve":
             from server.app import create_app

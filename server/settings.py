@@ -14,13 +14,26 @@ from runtime.model import MOST_CALLS, MOST_COST_USD, MOST_STEPS, MOST_TIMEOUT_S,
 
 MOST_CONCURRENCY = 100_000
 """The most runs one process may drive at once (the setting, and `worker --concurrency`)."""
+PREFIX = "AGENT_RUNTIME_"
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (some span several), or its class's name."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def refused(setting: str, why: str | BaseException) -> ValueError:
+    """A start refused over ``setting`` (a field name, or the variable's own): one line
+    that names the variable."""
+    name = setting if setting.startswith(PREFIX) else PREFIX + setting.upper()
+    return ValueError(f"{name}: {why if isinstance(why, str) else one_line(why)}")
 
 
 class Settings(BaseSettings):
     # No inf or NaN anywhere: an infinite lease is never taken over, an infinite ceiling
     # cannot be written into a run (JSON has no Infinity); every number has a bound.
     model_config = SettingsConfigDict(
-        env_prefix="AGENT_RUNTIME_", extra="ignore", allow_inf_nan=False, env_ignore_empty=True
+        env_prefix=PREFIX, extra="ignore", allow_inf_nan=False, env_ignore_empty=True
     )
 
     data_dir: Path = Path(".agent-runtime")
@@ -124,6 +137,16 @@ class Settings(BaseSettings):
     @cached_property
     def resolved_demo_db(self) -> Path:
         return self.demo_db_path or self.data_dir / "retail.db"
+
+    @property
+    def database_setting(self) -> str:
+        """The variable that put the database where it is."""
+        return "database_url" if self.database_url else "data_dir"
+
+    @property
+    def demo_db_setting(self) -> str:
+        """The variable that put the demo's database where it is."""
+        return "demo_db_path" if self.demo_db_path else "data_dir"
 
     @property
     def bootstraps_local_keys(self) -> bool:

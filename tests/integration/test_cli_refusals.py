@@ -4,6 +4,7 @@ arguments no request can carry. No server is needed for any of them."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -126,6 +127,75 @@ def test_a_server_that_could_not_start_says_why_in_one_line(
     args = (command, "--port", "0") if command == "serve" else (command,)
     done = agent_runtime(tmp_path, *args, **env)
     assert_one_line_refusal(done, says)
+
+
+PLUGINS = {
+    "takes_nothing": "def build():\n    return []\n",
+    "syntax_error": "def build(settings)\n    return []\n",
+    "name_error": "def build(settings: Settings):\n    return []\n",
+    "fails_on_import": "raise KeyError('no config')\n",
+    "raises": "def build(settings):\n    raise RuntimeError('boom')\n",
+    "returns_none": "def build(settings):\n    return None\n",
+    "returns_dicts": "def build(settings):\n    return [{'agent_id': 'a'}]\n",
+    "returns_strings": "def build(settings):\n    return ['a', 'b']\n",
+    "fails_as_a_generator": "def build(settings):\n    yield from ()\n    raise ValueError\n",
+    "not_a_function": "build = 42\n",
+    "no_build_agents": "def build(settings):\n    return []\n",
+    "demo_again": (
+        "from dataclasses import replace\n"
+        "from tests.agents import build_agents\n"
+        "def build(settings):\n"
+        "    return [replace(build_agents(settings)[0], agent_id='retail_analyst')]\n"
+    ),
+    "tests_agents_again": (
+        "from tests.agents import build_agents\n"
+        "def build(settings):\n"
+        "    return build_agents(settings)\n"
+    ),
+}
+
+
+EXTRA_AGENTS_REFUSED = [
+    (["takes_nothing:build"], "takes 0 positional arguments"),
+    (["syntax_error:build"], "SyntaxError"),
+    (["name_error:build"], "NameError"),
+    (["fails_on_import:build"], "no config"),
+    (["raises:build"], "boom"),
+    (["returns_none:build"], "None"),
+    (["returns_dicts:build"], "dict"),
+    (["returns_strings:build"], "str"),
+    (["fails_as_a_generator:build"], "ValueError"),
+    (["not_a_function:build"], "no function build"),
+    (["no_build_agents"], "no function build_agents"),  # a module alone: its build_agents
+    (["demo_again:build"], "'retail_analyst'"),
+    (["tests.agents:build_agents", "tests_agents_again:build"], "tests.agents:build_agents"),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "paths", "says"),
+    [
+        *(("serve", ["raises:build"], "boom"), ("serve", ["demo_again:build"], "retail_analyst")),
+        *(("worker", *case) for case in EXTRA_AGENTS_REFUSED),
+    ],
+)
+def test_extra_agents_that_cannot_be_hosted_are_refused_naming_their_factory(
+    tmp_path: Path, command: str, paths: list[str], says: str
+) -> None:
+    """Whatever the factory's module or call does, one line names the setting and the
+    factory; and no agent replaces another (the demo's, or another module's)."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    for name, code in PLUGINS.items():
+        (plugins / f"{name}.py").write_text(code)
+    args = (command, "--port", "0") if command == "serve" else (command,)
+    done = agent_runtime(
+        tmp_path,
+        *args,
+        PYTHONPATH=os.pathsep.join((str(ROOT), str(plugins))),
+        AGENT_RUNTIME_EXTRA_AGENTS=json.dumps(paths),
+    )
+    assert_one_line_refusal(done, "AGENT_RUNTIME_EXTRA_AGENTS", f"'{paths[-1]}'", says)
 
 
 @pytest.mark.parametrize(
