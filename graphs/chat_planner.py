@@ -90,6 +90,11 @@ def _transient(exc: BaseException) -> bool:
     return any(name in cls.__name__ for cls in type(exc).__mro__ for name in TRANSIENT_NAMES)
 
 
+class PlannerModelError(RuntimeError):
+    """A named chat model cannot be made (langchain or its provider's package missing,
+    an unknown provider, a construction that failed); the message is one line."""
+
+
 class ModelOutputError(ValueError):
     """The model's reply cannot be turned into a decision (e.g. unparsable tool arguments)."""
 
@@ -381,9 +386,15 @@ def init_chat_planner(model: str, **kwargs: Any) -> ChatModelPlanner:
     try:
         chat_models = importlib.import_module("langchain.chat_models")
     except ImportError as exc:
-        raise RuntimeError(
+        raise PlannerModelError(
             f"planner model {model!r} needs langchain: install agent-runtime[llm] "
             "and the provider's package (e.g. langchain-openai)"
         ) from exc
-    chat_model: BaseChatModel = chat_models.init_chat_model(model)
+    try:
+        chat_model: BaseChatModel = chat_models.init_chat_model(model)
+    except Exception as exc:
+        # Whatever the provider raises: unknown provider, its package missing, no API
+        # key (openai.OpenAIError), a bad option. Its message may span lines.
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise PlannerModelError(f"planner model {model!r} cannot be made: {reason}") from exc
     return ChatModelPlanner(chat_model, **kwargs)

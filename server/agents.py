@@ -18,6 +18,7 @@ DEFAULT_FACTORY = "build_agents"
 
 def load_agents(settings: Settings) -> dict[str, AgentSpec]:
     from graphs import report_writer
+    from graphs.chat_planner import PlannerModelError
     from graphs.retail_analyst import build_agent
 
     agents: dict[str, AgentSpec] = {}
@@ -34,7 +35,10 @@ def load_agents(settings: Settings) -> dict[str, AgentSpec]:
         agents[spec.agent_id] = spec
         sources[spec.agent_id] = source
 
-    demo = build_agent(settings.resolved_demo_db, planner_model=settings.planner_model)
+    try:
+        demo = build_agent(settings.resolved_demo_db, planner_model=settings.planner_model)
+    except PlannerModelError as exc:
+        raise refused("planner_model", exc) from exc
     add(demo, "the demo")
     # The agent the demo hands its reports to, runnable on its own too.
     add(report_writer.build_agent(demo.tools), "the demo")

@@ -4,6 +4,7 @@ arguments no request can carry. No server is needed for any of them."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -101,7 +102,6 @@ def test_a_local_keys_file_that_is_not_ours_is_as_if_there_were_none(tmp_path: P
             (command, {"AGENT_RUNTIME_EXTRA_AGENTS": '["no.such.module:build"]'}, "EXTRA_AGENTS")
             for command in ("worker", "serve")
         ),
-        ("worker", {"AGENT_RUNTIME_PLANNER_MODEL": "nowhere:no-model"}, "planner"),
         # (A worker serves no API: its token settings are not its to refuse.)
         ("serve", {"AGENT_RUNTIME_JWT_HS256_SECRET": "short"}, "JWT_HS256_SECRET"),
         (
@@ -196,6 +196,44 @@ def test_extra_agents_that_cannot_be_hosted_are_refused_naming_their_factory(
         AGENT_RUNTIME_EXTRA_AGENTS=json.dumps(paths),
     )
     assert_one_line_refusal(done, "AGENT_RUNTIME_EXTRA_AGENTS", f"'{paths[-1]}'", says)
+
+
+@pytest.mark.parametrize("model", ["nowhere:no-model", "nonsense"])
+@pytest.mark.parametrize("command", ["worker", "serve"])
+def test_a_planner_model_that_cannot_be_made_is_refused_naming_the_setting(
+    tmp_path: Path, command: str, model: str
+) -> None:
+    """An unknown provider (langchain's message spans five lines), or no langchain."""
+    args = (command, "--port", "0") if command == "serve" else (command,)
+    done = agent_runtime(tmp_path, *args, AGENT_RUNTIME_PLANNER_MODEL=model)
+    assert_one_line_refusal(done, "AGENT_RUNTIME_PLANNER_MODEL", repr(model))
+
+
+def test_a_planner_model_whose_provider_fails_to_construct_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """The provider's package is there, but its model cannot be made (langchain-openai
+    without OPENAI_API_KEY raises openai.OpenAIError): was a traceback and exit 1. The
+    provider package here is a stand-in that fails as that one does; langchain is real."""
+    if importlib.util.find_spec("langchain") is None:
+        pytest.skip("needs the llm extra (langchain)")
+    provider = tmp_path / "provider" / "langchain_openai"
+    provider.mkdir(parents=True)
+    (provider / "__init__.py").write_text(
+        "class OpenAIError(Exception):\n    pass\n\n"
+        "class ChatOpenAI:\n"
+        "    def __init__(self, **kwargs):\n"
+        "        raise OpenAIError('Missing credentials.\\nSet OPENAI_API_KEY.')\n"
+    )
+    done = agent_runtime(
+        tmp_path,
+        "worker",
+        PYTHONPATH=os.pathsep.join((str(ROOT), str(provider.parent))),
+        AGENT_RUNTIME_PLANNER_MODEL="openai:gpt-4o-mini",
+    )
+    assert_one_line_refusal(
+        done, "AGENT_RUNTIME_PLANNER_MODEL", "'openai:gpt-4o-mini'", "Missing credentials."
+    )
 
 
 @pytest.mark.parametrize(

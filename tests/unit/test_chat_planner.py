@@ -27,6 +27,7 @@ from graphs.chat_planner import (
     DEFAULT_SYSTEM_PROMPT,
     ChatModelPlanner,
     ModelOutputError,
+    PlannerModelError,
     build_messages,
     is_transient,
     tool_schemas,
@@ -351,6 +352,31 @@ def test_planner_model_without_langchain_says_what_to_install(
     monkeypatch.setitem(sys.modules, "langchain.chat_models", None)
     with pytest.raises(RuntimeError, match=r"agent-runtime\[llm\]"):
         build_agent(tmp_path / "retail.db", planner_model="openai:gpt-4o-mini")
+
+
+def test_a_model_that_cannot_be_made_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever init_chat_model raises (an unknown provider, its package missing, a
+    provider SDK without its API key): one line the server's start can name the
+    setting with."""
+
+    class OpenAIError(Exception):  # as openai's, with no OPENAI_API_KEY
+        pass
+
+    def init_chat_model(model: str) -> ScriptedChatModel:
+        raise OpenAIError("Missing credentials.\n  Set OPENAI_API_KEY.")
+
+    chat_models = types.ModuleType("langchain.chat_models")
+    chat_models.init_chat_model = init_chat_model  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "langchain", types.ModuleType("langchain"))
+    monkeypatch.setitem(sys.modules, "langchain.chat_models", chat_models)
+    with pytest.raises(PlannerModelError) as raised:
+        build_agent(tmp_path / "retail.db", planner_model="openai:gpt-4o-mini")
+    assert str(raised.value) == (
+        "planner model 'openai:gpt-4o-mini' cannot be made: "
+        "Missing credentials. Set OPENAI_API_KEY."
+    )
 
 
 def test_retail_prompt_is_added_for_a_configured_model(
