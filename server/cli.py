@@ -113,15 +113,19 @@ async def _run_worker(
 
 def _server_command(args: argparse.Namespace) -> int:
     from server.embedded import EmbeddedInUse, sole_host
-    from server.settings import Settings, one_line
+    from server.settings import Settings, one_line, refused
 
     settings = Settings()
     _logging(settings)
     with contextlib.ExitStack() as held:
         try:
+            _make_data_dir(settings)
             # Held for the process's life from here, before uvicorn starts the app (whose
             # host takes it over): a second start fails in one line, not in a traceback.
-            held.enter_context(sole_host(settings.resolved_database_url, host=False))
+            try:
+                held.enter_context(sole_host(settings.resolved_database_url, host=False))
+            except OSError as exc:  # its directory cannot be made, it is a directory…
+                raise refused(settings.database_setting, _os_error(exc)) from exc
             agents = _preflight(settings, serves_api=args.command == "serve")
         except (EmbeddedInUse, ValueError, OSError, ImportError, RuntimeError) as exc:
             print(f"agent-runtime {args.command}: {one_line(exc)}", file=sys.stderr)
@@ -162,7 +166,7 @@ def _preflight(settings: Settings, *, serves_api: bool) -> dict[str, AgentSpec]:
 
     if serves_api:
         JwtVerifier(settings)
-    _reach_the_database(settings.resolved_database_url)
+    _reach_the_database(settings)
     agents = load_agents(settings)
     if settings.default_agent not in agents:
         raise ValueError(
@@ -172,11 +176,36 @@ def _preflight(settings: Settings, *, serves_api: bool) -> dict[str, AgentSpec]:
     return agents
 
 
-def _reach_the_database(url: str) -> None:
-    """A PostgreSQL server that is not there, or refuses us: said in one line (the
-    pool would wait out its timeout and fail the start with a traceback)."""
-    if not url.startswith(("postgresql://", "postgres://")):
-        return  # the embedded file: its directory is made, and checked, by the hold
+def _make_data_dir(settings: Settings) -> None:
+    """The data directory, made now: the host would make it inside its start."""
+    from server.settings import refused
+
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:  # a file, or under one
+        raise refused("data_dir", _os_error(exc)) from exc
+    except OSError as exc:
+        raise refused("data_dir", f"cannot make the directory: {_os_error(exc)}") from exc
+
+
+def _os_error(exc: OSError) -> str:
+    """``strerror: file`` without the errno (``[Errno 2] …`` tells a reader nothing)."""
+    if isinstance(exc, FileExistsError) and exc.filename is not None:
+        return f"{exc.filename} is not a directory"  # what a mkdir with exist_ok says
+    if exc.strerror is None:
+        return str(exc)
+    named = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    return f"{exc.strerror}: {named}" if named else exc.strerror
+
+
+def _reach_the_database(settings: Settings) -> None:
+    """A PostgreSQL server that is not there, or refuses us, or an embedded file that
+    is not a SQLite database: said in one line (the pool would wait out its timeout,
+    the store fail as it opens, inside the start and with a traceback)."""
+    url = settings.resolved_database_url
+    if url.startswith("sqlite:///"):
+        _read_the_embedded_database(settings)
+        return
     import psycopg
 
     try:
@@ -186,6 +215,32 @@ def _reach_the_database(url: str) -> None:
         raise ConnectionError(f"cannot reach AGENT_RUNTIME_DATABASE_URL: {reason}") from exc
     except psycopg.Error:  # libpq could not parse it; its message quotes it, password too
         raise ValueError("AGENT_RUNTIME_DATABASE_URL is not a valid PostgreSQL URL") from None
+
+
+def _read_the_embedded_database(settings: Settings) -> None:
+    """The embedded file (its directory made, and checked, by the hold) is SQLite's."""
+    import sqlite3
+
+    from runtime.backend import sqlite_path
+    from server.settings import refused
+
+    path = sqlite_path(settings.resolved_database_url)
+    if not path.is_file() or path.stat().st_size == 0:  # (SQLite's, new or empty)
+        return
+    try:
+        # Read-write, as the store opens it: a read-only reader of a WAL database would
+        # leave its -wal and -shm files behind.
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=10)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
+            why = f"{path} is not a SQLite database ({exc})"
+        else:
+            why = f"{path} cannot be read: {exc}"
+        raise refused(settings.database_setting, why) from exc
 
 
 def _event_loop_run() -> Callable[[Coroutine[Any, Any, None]], None]:

@@ -253,6 +253,41 @@ def test_a_database_that_cannot_be_reached_is_said_in_one_line(tmp_path: Path, w
     assert "s3cret" not in done.stderr
 
 
+@pytest.mark.parametrize("command", ["worker", "serve"])
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"AGENT_RUNTIME_DATABASE_URL": "sqlite:///TEXT"}, "is not a SQLite database"),
+        ({"AGENT_RUNTIME_DATABASE_URL": "sqlite:///TMP"}, "Is a directory"),
+        ({"AGENT_RUNTIME_DATABASE_URL": "sqlite:///TEXT/runtime.db"}, "is not a directory"),
+        ({"AGENT_RUNTIME_DATA_DIR": "GARBAGE"}, "runtime.db is not a SQLite database"),
+        ({"AGENT_RUNTIME_DATA_DIR": "TEXT"}, "is not a directory"),
+        ({"AGENT_RUNTIME_DATA_DIR": "TEXT/data"}, "Not a directory"),
+        ({"AGENT_RUNTIME_DATA_DIR": "/proc/agent-runtime-nope"}, "cannot make the directory"),
+    ],
+)
+def test_a_data_dir_or_database_no_server_can_use_is_refused_naming_the_setting(
+    tmp_path: Path, command: str, env: dict[str, str], says: str
+) -> None:
+    """Not "[Errno 17] File exists", nor (a file that is not SQLite's) uvicorn's
+    68-line traceback or the worker's exit 1, and the file is left as it was."""
+    if "/proc/" in env.get("AGENT_RUNTIME_DATA_DIR", "") and sys.platform != "linux":
+        pytest.skip("/proc is Linux's")
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database\n" * 100)
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "runtime.db").write_bytes(bytes(range(256)) * 32)
+    (tmp_path / "tmp").mkdir()
+    places = {"TEXT": str(text), "GARBAGE": str(tmp_path / "garbage"), "TMP": str(tmp_path / "tmp")}
+    for placeholder, place in places.items():
+        env = {name: value.replace(placeholder, place) for name, value in env.items()}
+    args = (command, "--port", "0") if command == "serve" else (command,)
+    done = agent_runtime(tmp_path, *args, **env)
+    assert_one_line_refusal(done, *env, says)
+    assert "Errno" not in done.stderr
+    assert text.read_text() == "not a database\n" * 100
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
