@@ -54,6 +54,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -494,8 +495,20 @@ def _settings_problem(exc: Exception) -> str | None:
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
+    from server.settings import one_line
+
     if isinstance(exc, SettingsError):
-        return f"a setting cannot be read: {exc}"
+        # pydantic-settings names the field, not the variable: 'error parsing value for
+        # field "extra_agents" from source "EnvSettingsSource"' (a list or an object
+        # that is not JSON); what JSON said is its cause.
+        field = re.search(r'field "(\w+)"', str(exc))
+        if field is None:
+            return f"a setting cannot be read: {one_line(exc)}"
+        cause = f": {one_line(exc.__cause__)}" if exc.__cause__ is not None else ""
+        return (
+            f"a setting cannot be read: AGENT_RUNTIME_{field[1].upper()}: not JSON "
+            f'(a list is written as JSON, e.g. ["a", "b"]){cause}'
+        )
     if not (isinstance(exc, ValidationError) and exc.title == "Settings"):
         return None
     named = (

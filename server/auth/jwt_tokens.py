@@ -14,7 +14,7 @@ import jwt
 from jwt.algorithms import RSAAlgorithm
 
 from server.auth.principal import NAME_RULE, Principal, is_name
-from server.settings import Settings
+from server.settings import Settings, refused
 
 
 class JwtError(Exception):
@@ -44,14 +44,20 @@ class JwtVerifier:
                 self._rs_key = RSAAlgorithm(RSAAlgorithm.SHA256).prepare_key(
                     settings.jwt_public_key_file.read_text()
                 )
-            except jwt.PyJWTError as exc:
-                raise ValueError(f"AGENT_RUNTIME_JWT_PUBLIC_KEY_FILE: {exc}") from exc
+            except OSError as exc:  # not there, a directory, not readable
+                why = f"cannot read {settings.jwt_public_key_file}: {exc.strerror or exc}"
+                raise refused("jwt_public_key_file", why) from exc
+            except (jwt.PyJWTError, ValueError) as exc:  # (not UTF-8 is a ValueError)
+                raise refused("jwt_public_key_file", exc) from exc
         self._jwks: list[jwt.PyJWK] | None = None
         if settings.jwt_jwks_file is not None:
             try:
                 jwks = jwt.PyJWKSet.from_dict(json.loads(settings.jwt_jwks_file.read_text()))
+            except OSError as exc:
+                why = f"cannot read {settings.jwt_jwks_file}: {exc.strerror or exc}"
+                raise refused("jwt_jwks_file", why) from exc
             except (jwt.PyJWTError, ValueError) as exc:
-                raise ValueError(f"AGENT_RUNTIME_JWT_JWKS_FILE: {exc}") from exc
+                raise refused("jwt_jwks_file", exc) from exc
             # Only RS256 signing keys: an identity provider's set may also hold EC, OKP or
             # encryption keys, which a token naming their kid must not reach the RSA check
             # with (PyJWT raises a TypeError there, not a token error).

@@ -64,9 +64,14 @@ def test_settings_no_server_can_use_are_refused_in_one_line(
     assert_one_line_refusal(done, f"AGENT_RUNTIME_{name}")
 
 
-def test_unreadable_settings_are_refused_in_one_line(tmp_path: Path) -> None:
-    done = agent_runtime(tmp_path, "worker", AGENT_RUNTIME_EXTRA_AGENTS="not json")
-    assert_one_line_refusal(done, "extra_agents")
+@pytest.mark.parametrize("command", [("worker",), ("serve", "--port", "0"), ("runs",)])
+def test_unreadable_settings_are_refused_in_one_line(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """Named as the variable, not as pydantic-settings' field "extra_agents" from
+    source "EnvSettingsSource"."""
+    done = agent_runtime(tmp_path, *command, AGENT_RUNTIME_EXTRA_AGENTS="not json")
+    assert_one_line_refusal(done, "AGENT_RUNTIME_EXTRA_AGENTS: not JSON", "Expecting value")
 
 
 @pytest.mark.parametrize(
@@ -112,6 +117,19 @@ def test_a_local_keys_file_that_is_not_ours_is_as_if_there_were_none(tmp_path: P
                 "AGENT_RUNTIME_JWT_AUDIENCE": "agent-runtime",
             },
             "JWT_PUBLIC_KEY_FILE",
+        ),
+        *(
+            (
+                "serve",
+                {
+                    f"AGENT_RUNTIME_JWT_{which}_FILE": where,
+                    "AGENT_RUNTIME_JWT_ISSUER": "https://idp.example",
+                    "AGENT_RUNTIME_JWT_AUDIENCE": "agent-runtime",
+                },
+                f"AGENT_RUNTIME_JWT_{which}_FILE: cannot read {where}",
+            )
+            for which in ("PUBLIC_KEY", "JWKS")
+            for where in ("/nonexistent.pem", "/")  # not there; a directory
         ),
     ],
 )
