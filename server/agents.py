@@ -7,10 +7,11 @@ the setting (and the ``module:function``): the CLI refuses the start with it.
 from __future__ import annotations
 
 import importlib
+import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 
 from runtime.agent import AgentSpec
-from server.settings import Settings, one_line, refused
+from server.settings import Settings, one_line, os_error, refused
 
 DEFAULT_FACTORY = "build_agents"
 """The function of an extra agents' module whose entry names none (``module``)."""
@@ -20,6 +21,8 @@ def load_agents(settings: Settings) -> dict[str, AgentSpec]:
     from graphs import report_writer
     from graphs.chat_planner import PlannerModelError
     from graphs.retail_analyst import build_agent
+    from tools.retail import generate
+    from tools.retail.data import NotTheDemoDatabase
 
     agents: dict[str, AgentSpec] = {}
     sources: dict[str, str] = {}
@@ -35,8 +38,17 @@ def load_agents(settings: Settings) -> dict[str, AgentSpec]:
         agents[spec.agent_id] = spec
         sources[spec.agent_id] = source
 
+    demo_db = settings.resolved_demo_db
     try:
-        demo = build_agent(settings.resolved_demo_db, planner_model=settings.planner_model)
+        generate(demo_db)  # (build_agent's own call then finds it complete)
+    except NotTheDemoDatabase as exc:
+        raise refused(settings.demo_db_setting, exc) from exc
+    except OSError as exc:  # a directory that cannot be made, not writable…
+        raise refused(settings.demo_db_setting, f"{demo_db}: {os_error(exc)}") from exc
+    except sqlite3.Error as exc:
+        raise refused(settings.demo_db_setting, f"{demo_db}: {one_line(exc)}") from exc
+    try:
+        demo = build_agent(demo_db, planner_model=settings.planner_model)
     except PlannerModelError as exc:
         raise refused("planner_model", exc) from exc
     add(demo, "the demo")

@@ -114,7 +114,7 @@ async def _run_worker(
 
 def _server_command(args: argparse.Namespace) -> int:
     from server.embedded import EmbeddedInUse, sole_host
-    from server.settings import Settings, one_line, refused
+    from server.settings import Settings, one_line, os_error, refused
 
     settings = Settings()
     _logging(settings)
@@ -126,7 +126,7 @@ def _server_command(args: argparse.Namespace) -> int:
             try:
                 held.enter_context(sole_host(settings.resolved_database_url, host=False))
             except OSError as exc:  # its directory cannot be made, it is a directory…
-                raise refused(settings.database_setting, _os_error(exc)) from exc
+                raise refused(settings.database_setting, os_error(exc)) from exc
             agents = _preflight(settings, serves_api=args.command == "serve")
         except (EmbeddedInUse, ValueError, OSError, ImportError, RuntimeError) as exc:
             print(f"agent-runtime {args.command}: {one_line(exc)}", file=sys.stderr)
@@ -179,24 +179,14 @@ def _preflight(settings: Settings, *, serves_api: bool) -> dict[str, AgentSpec]:
 
 def _make_data_dir(settings: Settings) -> None:
     """The data directory, made now: the host would make it inside its start."""
-    from server.settings import refused
+    from server.settings import os_error, refused
 
     try:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     except FileExistsError as exc:  # a file, or under one
-        raise refused("data_dir", _os_error(exc)) from exc
+        raise refused("data_dir", os_error(exc)) from exc
     except OSError as exc:
-        raise refused("data_dir", f"cannot make the directory: {_os_error(exc)}") from exc
-
-
-def _os_error(exc: OSError) -> str:
-    """``strerror: file`` without the errno (``[Errno 2] …`` tells a reader nothing)."""
-    if isinstance(exc, FileExistsError) and exc.filename is not None:
-        return f"{exc.filename} is not a directory"  # what a mkdir with exist_ok says
-    if exc.strerror is None:
-        return str(exc)
-    named = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
-    return f"{exc.strerror}: {named}" if named else exc.strerror
+        raise refused("data_dir", f"cannot make the directory: {os_error(exc)}") from exc
 
 
 def _reach_the_database(settings: Settings) -> None:

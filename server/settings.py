@@ -22,6 +22,16 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def os_error(exc: OSError) -> str:
+    """``strerror: file`` without the errno (``[Errno 2] …`` tells a reader nothing)."""
+    if isinstance(exc, FileExistsError) and exc.filename is not None:
+        return f"{exc.filename} is not a directory"  # what a mkdir with exist_ok says
+    if exc.strerror is None:
+        return one_line(exc)
+    named = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    return f"{exc.strerror}: {named}" if named else exc.strerror
+
+
 def refused(setting: str, why: str | BaseException) -> ValueError:
     """A start refused over ``setting`` (a field name, or the variable's own): one line
     that names the variable."""

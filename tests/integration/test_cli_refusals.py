@@ -4,17 +4,21 @@ arguments no request can carry. No server is needed for any of them."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.integration.server_proc import ROOT
+from tools.retail import generate
 
 CLI = (sys.executable, "-m", "server.cli")
 
@@ -304,6 +308,52 @@ def test_a_data_dir_or_database_no_server_can_use_is_refused_naming_the_setting(
     assert_one_line_refusal(done, *env, says)
     assert "Errno" not in done.stderr
     assert text.read_text() == "not a database\n" * 100
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "says"),
+    [
+        ("DEMO_DB_PATH", lambda path: path.write_text("notes\n"), "not a SQLite database"),
+        ("DEMO_DB_PATH", lambda path: _customers(path), "customers"),
+        ("DEMO_DB_PATH", lambda path: path.mkdir(), "is not a file"),
+        ("DATA_DIR", lambda path: _customers(path), "customers"),  # its retail.db
+    ],
+)
+def test_a_demo_database_path_holding_something_else_is_refused_and_kept(
+    tmp_path: Path, name: str, make: Callable[[Path], object], says: str
+) -> None:
+    """The demo's generator replaced whatever was there that was not a complete demo
+    database: someone's SQLite database, a text file."""
+    data = tmp_path / "elsewhere"
+    data.mkdir()
+    path = data / "retail.db"
+    make(path)
+    before = path.read_bytes() if path.is_file() else None
+    setting = str(path) if name == "DEMO_DB_PATH" else str(data)
+    done = agent_runtime(tmp_path, "worker", **{f"AGENT_RUNTIME_{name}": setting})
+    assert_one_line_refusal(done, f"AGENT_RUNTIME_{name}", str(path), says)
+    assert (path.read_bytes() if path.is_file() else None) == before
+
+
+def test_a_complete_demo_database_is_used_as_it_is(tmp_path: Path) -> None:
+    """…while one that is complete is the demo's (its outbox kept): the start goes on."""
+    path = tmp_path / "retail.db"
+    generate(path)
+    before = path.read_bytes()
+    done = agent_runtime(
+        tmp_path,
+        "worker",
+        AGENT_RUNTIME_DEMO_DB_PATH=str(path),
+        AGENT_RUNTIME_DEFAULT_AGENT="nobody",  # refused only once the agents are loaded
+    )
+    assert_one_line_refusal(done, "AGENT_RUNTIME_DEFAULT_AGENT")
+    assert path.read_bytes() == before
+
+
+def _customers(path: Path) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO customers (name) VALUES ('Ada')")
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,7 @@ from runtime.ids import artifact_id
 from runtime.model import Artifact, RunContext, utcnow
 from runtime.tooling import ToolBusinessError, ToolContext, ToolSpec
 from tools.retail import LAST_WEEK_START, build_registry, count_outbox, generate, outbox_rows
-from tools.retail.data import DECLINE_FACTORS, is_complete
+from tools.retail.data import DECLINE_FACTORS, SCHEMA, NotTheDemoDatabase, is_complete
 
 DECLINING = set(DECLINE_FACTORS)
 
@@ -106,11 +109,50 @@ async def test_generation_is_deterministic(tmp_path: Path) -> None:
         assert await call(spec(a, "query_sales"), args) == await call(spec(b, "query_sales"), args)
 
 
-def test_incomplete_file_is_replaced(tmp_path: Path) -> None:
+def test_an_incomplete_demo_database_is_replaced(tmp_path: Path) -> None:
+    """One whose generation did not finish: its tables, meta first, without "complete"
+    (or an empty file, SQLite's empty database)."""
+    half = tmp_path / "half.db"
+    with contextlib.closing(sqlite3.connect(half)) as conn, conn:
+        conn.executescript(SCHEMA.split("CREATE TABLE daily_sales")[0])
+        conn.execute("INSERT INTO regions VALUES ('east', 'East', '华东')")
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for path in (half, empty):
+        generate(path)
+        assert is_complete(path)
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda path: path.write_bytes(b"someone's notes"), "not a SQLite database"),
+        (lambda path: _sqlite(path, "CREATE TABLE customers (id INTEGER)"), "customers"),
+        (lambda path: _sqlite(path, "CREATE TABLE regions (id INTEGER)"), "no meta table"),
+        (lambda path: path.mkdir(), "is not a file"),
+    ],
+    ids=["text", "another_database", "no_meta", "directory"],
+)
+def test_a_file_that_is_not_the_demo_database_is_never_replaced(
+    tmp_path: Path, make: Callable[[Path], object], says: str
+) -> None:
     path = tmp_path / "retail.db"
-    path.write_bytes(b"not a database")
-    generate(path)
-    assert is_complete(path)
+    make(path)
+    before = _contents(path)
+    with pytest.raises(NotTheDemoDatabase, match=says):
+        generate(path)
+    assert _contents(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["retail.db"]  # no temporary left
+
+
+def _sqlite(path: Path, statement: str) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(statement)
+        conn.execute(f"INSERT INTO {statement.split()[2]} VALUES (1)")
+
+
+def _contents(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
 
 
 def test_query_args_are_validated(db: Path) -> None:

@@ -150,6 +150,52 @@ def is_complete(path: Path) -> bool:
     return row is not None and row[0] == SCHEMA_VERSION
 
 
+DEMO_TABLES = frozenset(
+    {"meta", "regions", "stores", "skus", "daily_sales", "outbox", "sqlite_sequence"}
+)
+"""The tables of a demo database (``sqlite_sequence``: SQLite's, for the outbox's ids)."""
+
+
+class NotTheDemoDatabase(ValueError):
+    """A file is where the demo database goes, and it is not one: kept, never replaced."""
+
+
+def check_replaceable(path: Path) -> None:
+    """Raise :class:`NotTheDemoDatabase` unless what is at ``path`` may be replaced by a
+    new demo database: nothing, an empty file, or a demo database left incomplete (its
+    tables, ``meta`` first of them, without ``complete``; or of another schema version).
+    Anything else may be someone's data: a text file, another SQLite database."""
+    path = Path(path)
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise NotTheDemoDatabase(f"{path} is not a file")
+    if path.stat().st_size == 0:
+        return  # SQLite's empty database: nothing in it to lose
+    try:
+        conn = open_db(path)
+        try:
+            tables = {
+                row[0]
+                for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
+            raise NotTheDemoDatabase(
+                f"{path} is not the demo's database (not a SQLite database): "
+                "it is kept, not replaced"
+            ) from exc
+        raise NotTheDemoDatabase(f"{path} cannot be read: {exc}") from exc
+    others = sorted(tables - DEMO_TABLES)
+    if others or (tables and "meta" not in tables):
+        which = f"tables not the demo's: {', '.join(others)}" if others else "no meta table"
+        raise NotTheDemoDatabase(
+            f"{path} is not the demo's database ({which}): it is kept, not replaced"
+        )
+
+
 def _store_ids(region_id: str) -> list[str]:
     return [f"{region_id}-{n:02d}" for n in range(1, STORES_PER_REGION + 1)]
 
@@ -210,10 +256,14 @@ def _populate(conn: sqlite3.Connection) -> None:
 
 
 def generate(path: Path) -> None:
-    """Create the demo database at ``path`` unless a complete one is there already."""
+    """Create the demo database at ``path`` unless a complete one is there already.
+
+    Replaces only what :func:`check_replaceable` allows: a file that is not a demo
+    database raises :class:`NotTheDemoDatabase` and stays as it is."""
     path = Path(path)
     if is_complete(path):
         return
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -233,6 +283,7 @@ def generate(path: Path) -> None:
         # Another process may have finished first; keep its file (and its outbox).
         if is_complete(path):
             return
+        check_replaceable(path)  # (whatever came there meanwhile)
         # Journal files left by an earlier, incomplete database must not be
         # replayed into the new one.
         for suffix in ("-wal", "-shm", "-journal"):
