@@ -57,7 +57,8 @@ class Settings(BaseSettings):
     """The demo agent's planner: a chat model for ``init_chat_model`` (e.g.
     ``openai:gpt-4o-mini``; needs the ``llm`` extra); unset: the deterministic planner."""
     extra_agents: list[str] = Field(default_factory=list)
-    """Import paths ``module:function`` returning more AgentSpecs, e.g. from a plugin."""
+    """Import paths ``module:function`` (``module`` alone: its ``build_agents``), each
+    called with these Settings and returning more AgentSpecs, e.g. from a plugin."""
     max_body_bytes: int = Field(default=256 * 1024, ge=1, le=1 << 30)
     """Request bodies past this get 413, whether sent with Content-Length or chunked."""
     max_json_depth: int = Field(default=32, ge=1, le=200)
