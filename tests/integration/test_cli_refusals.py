@@ -5,7 +5,6 @@ arguments no request can carry. No server is needed for any of them."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import socket
@@ -237,8 +236,6 @@ def test_a_planner_model_whose_provider_fails_to_construct_is_refused_in_one_lin
     """The provider's package is there, but its model cannot be made (langchain-openai
     without OPENAI_API_KEY raises openai.OpenAIError): was a traceback and exit 1. The
     provider package here is a stand-in that fails as that one does; langchain is real."""
-    if importlib.util.find_spec("langchain") is None:
-        pytest.skip("needs the llm extra (langchain)")
     provider = tmp_path / "provider" / "langchain_openai"
     provider.mkdir(parents=True)
     (provider / "__init__.py").write_text(
