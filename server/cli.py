@@ -200,7 +200,11 @@ def _reach_the_database(settings: Settings) -> None:
     import psycopg
 
     try:
-        psycopg.connect(url, connect_timeout=10).close()
+        with psycopg.connect(url, connect_timeout=10) as conn:
+            found = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()
+            if found and found[0]:
+                version = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+                _known_schema(settings, version[0] if version else None)
     except psycopg.OperationalError as exc:
         reason = " ".join(str(exc).split())  # psycopg's message spans lines
         raise ConnectionError(f"cannot reach AGENT_RUNTIME_DATABASE_URL: {reason}") from exc
@@ -223,7 +227,12 @@ def _read_the_embedded_database(settings: Settings) -> None:
         # leave its -wal and -shm files behind.
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=10)
         try:
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            found = conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'schema_version'"
+            ).fetchone()
+            if found[0]:
+                version = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+                _known_schema(settings, version[0])
         finally:
             conn.close()
     except sqlite3.Error as exc:
@@ -232,6 +241,18 @@ def _read_the_embedded_database(settings: Settings) -> None:
         else:
             why = f"{path} cannot be read: {exc}"
         raise refused(settings.database_setting, why) from exc
+
+
+def _known_schema(settings: Settings, version: int | None) -> None:
+    """A database a newer version migrated: refused here in one line (the store would
+    refuse it inside the start, with a traceback)."""
+    from runtime.store.core import SchemaTooNew, check_schema_version
+    from server.settings import refused
+
+    try:
+        check_schema_version(version)
+    except SchemaTooNew as exc:
+        raise refused(settings.database_setting, exc) from exc
 
 
 def _event_loop_run() -> Callable[[Coroutine[Any, Any, None]], None]:

@@ -56,6 +56,18 @@ class SchemaTooNew(RuntimeError):
     """The database was migrated by a newer agent-runtime than this one."""
 
 
+def check_schema_version(current: int | None) -> None:
+    """Refuse a database whose schema is ``current``, if a newer version migrated it."""
+    if current is not None and current > len(MIGRATIONS):
+        # Rolled back onto a database a newer version has migrated: its rows have
+        # columns and meanings this code would write around, silently wrong.
+        raise SchemaTooNew(
+            f"the database's schema is version {current}, newer than this "
+            f"agent-runtime knows ({len(MIGRATIONS)}): start the version that "
+            "migrated it, or restore a backup from before it did"
+        )
+
+
 class Tx(Protocol):
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None: ...
@@ -431,14 +443,7 @@ class StoreCore(ABC):
             await tx.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = await tx.fetchone("SELECT MAX(version) AS v FROM schema_version")
             current = (row or {}).get("v") or 0
-            if current > len(MIGRATIONS):
-                # Rolled back onto a database a newer version has migrated: its rows have
-                # columns and meanings this code would write around, silently wrong.
-                raise SchemaTooNew(
-                    f"the database's schema is version {current}, newer than this "
-                    f"agent-runtime knows ({len(MIGRATIONS)}): start the version that "
-                    "migrated it, or restore a backup from before it did"
-                )
+            check_schema_version(current)
             for version, statements in enumerate(MIGRATIONS, start=1):
                 if version <= current:
                     continue

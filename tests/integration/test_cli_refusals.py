@@ -4,6 +4,7 @@ arguments no request can carry. No server is needed for any of them."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from runtime.backend import open_backend
+from runtime.store.schema import MIGRATIONS
 from tests.integration.server_proc import ROOT
 from tools.retail import generate
 
@@ -381,3 +384,26 @@ def test_a_port_already_taken_ends_serve_in_one_line_before_it_starts(tmp_path: 
         port = taken.getsockname()[1]
         done = agent_runtime(tmp_path, "serve", "--port", str(port))
     assert_one_line_refusal(done, f"cannot listen on 127.0.0.1:{port}", "in use")
+
+
+@pytest.mark.parametrize("command", ["worker", "serve"])
+def test_a_database_a_newer_version_migrated_is_refused_in_one_line(
+    tmp_path: Path, database_url: str, command: str
+) -> None:
+    """A rollback onto a migrated database: refused before the start, not by the store
+    inside it (a traceback), and the database is left as it was."""
+
+    newer = len(MIGRATIONS) + 1
+
+    async def migrated_by_a_newer_version() -> None:
+        backend = await open_backend(database_url)
+        try:
+            async with backend.store.tx() as tx:
+                await tx.execute("INSERT INTO schema_version (version) VALUES (?)", (newer,))
+        finally:
+            await backend.close()
+
+    asyncio.run(migrated_by_a_newer_version())
+    args = (command, "--port", "0") if command == "serve" else (command,)
+    done = agent_runtime(tmp_path, *args, AGENT_RUNTIME_DATABASE_URL=database_url)
+    assert_one_line_refusal(done, "AGENT_RUNTIME_DATABASE_URL", f"version {newer}, newer")
