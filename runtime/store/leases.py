@@ -357,7 +357,7 @@ class LeaseQueries(StoreCore):
     async def lease_of(self, run_id: str) -> dict[str, Any] | None:
         async with self.read() as tx:
             row = await tx.fetchone(
-                "SELECT lease_owner, lease_version, needs_drive, "
+                "SELECT lease_owner, lease_version, needs_drive, drive_failures, "
                 f"lease_expires_at - {self.now_sql} AS remaining_s FROM runs WHERE run_id = ?",
                 (run_id,),
             )
