@@ -16,12 +16,10 @@ import contextlib
 import logging
 import os
 import socket
-import sqlite3
 import uuid
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
-import psycopg
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.store.base import BaseStore
 
@@ -40,12 +38,10 @@ from runtime.ids import content_hash, new_run_id
 from runtime.lifecycle import TERMINAL, State
 from runtime.metrics import Metrics
 from runtime.model import Run, RunCreate, utcnow
-from runtime.retry import DriveRetry, after_failed_drive, fail_crash_loop
+from runtime.retry import TRANSIENT_DB_ERRORS, DriveRetry, after_failed_drive, fail_crash_loop
 from runtime.store.base import DriveStart, LeaseLost, RunStore
 
 log = logging.getLogger(__name__)
-
-TRANSIENT_DB_ERRORS = (psycopg.OperationalError, sqlite3.OperationalError, OSError)
 
 
 def default_owner() -> str:

@@ -18,7 +18,10 @@ killing that one too, it fails with RUN_CRASH_LOOP instead of being driven again
 from __future__ import annotations
 
 import logging
+import sqlite3
 from dataclasses import dataclass
+
+import psycopg
 
 from runtime.adapter import fail_run
 from runtime.cancelling import CallSetting, CutOff, fail_cut_off
@@ -27,6 +30,9 @@ from runtime.ledger import ReconcileUnanswered
 from runtime.store.base import DriveStart, RunStore
 
 log = logging.getLogger("runtime.engine")
+
+TRANSIENT_DB_ERRORS = (psycopg.OperationalError, sqlite3.OperationalError, OSError)
+"""What a database that is away, or refusing writes for now, raises."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ import logging
 from collections.abc import Awaitable
 
 from runtime.aio import within
-from runtime.engine import TRANSIENT_DB_ERRORS, Engine
+from runtime.engine import Engine
+from runtime.retry import TRANSIENT_DB_ERRORS
 
 log = logging.getLogger(__name__)
 
