@@ -38,7 +38,14 @@ from runtime.ids import content_hash, new_run_id
 from runtime.lifecycle import TERMINAL, State
 from runtime.metrics import Metrics
 from runtime.model import Run, RunCreate, utcnow
-from runtime.retry import TRANSIENT_DB_ERRORS, DriveRetry, after_failed_drive, fail_crash_loop
+from runtime.retry import (
+    TRANSIENT_DB_ERRORS,
+    DriveRetry,
+    after_failed_drive,
+    fail_crash_loop,
+    fail_unrecorded,
+    named,
+)
 from runtime.store.base import DriveStart, LeaseLost, RunStore
 
 log = logging.getLogger(__name__)
@@ -351,10 +358,39 @@ class Engine(GraphDriving):
                 how = "lease_lost"
                 _lease_lost(store, run_id)
                 return
-            except Exception:
-                log.exception("could not record the failure of %s; handing it back", run_id)
-                failures = None if failures is None else failures + 1
-                retry_in = self.retry.delay(failures or 1)
+            except Exception as unrecorded:
+                # The same error may fail every drive from now on, and its record with
+                # it (a row that no longer validates): counted as a database error's
+                # drive is, and at the limit the run is failed without reading it. A
+                # cancel's own drive is not retried: it ends the run as cancelled now.
+                if failures is None:
+                    failures = await _stored_failures(store, run_id)
+                if progress.made:
+                    failures = 1
+                elif failures is not None:
+                    failures += 1
+                give_up = carries_cancel or (failures or 1) >= self.retry.max_failures
+                # (Not where recording failed on the database: a blip may be all it was.)
+                if not give_up or isinstance(unrecorded, TRANSIENT_DB_ERRORS):
+                    log.exception(
+                        "could not record the failure of %s (%d in a row); handing it back",
+                        run_id, failures or 1,
+                    )  # fmt: skip
+                    retry_in = self.retry.delay(failures or 1)
+                else:
+                    log.exception("could not record the failure of %s; failing it unread", run_id)
+                    try:
+                        message = f"the drive failed: {named(exc)}"
+                        await fail_unrecorded(
+                            store, run_id, Code.INTERNAL_ERROR, message, unrecorded
+                        )
+                    except LeaseLost:
+                        how = "lease_lost"
+                        _lease_lost(store, run_id)
+                        return
+                    except Exception:
+                        log.exception("could not fail %s unread either; handing it back", run_id)
+                        retry_in = self.retry.delay(failures or 1)
         finally:
             if drive is not None and drive.version == version:
                 drive.ending = True
@@ -478,6 +514,16 @@ async def _flush_quietly(store: RunStore) -> None:
         log.warning("a drive's deferred state change was not written", exc_info=True)
     finally:
         store.close_journal()
+
+
+async def _stored_failures(store: RunStore, run_id: str) -> int | None:
+    """The run's failed drives in a row, as stored, for a drive that could not read its
+    run (None: not even that; the release then counts one more)."""
+    try:
+        lease = await store.lease_of(run_id)
+    except Exception:
+        return None
+    return None if lease is None else int(lease["drive_failures"])
 
 
 def _lease_lost(store: RunStore, run_id: str) -> None:

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import psycopg
 
-from runtime.adapter import fail_run
+from runtime.adapter import fail_run, failure_trigger
 from runtime.cancelling import CallSetting, CutOff, fail_cut_off
 from runtime.errors import Code
 from runtime.ledger import ReconcileUnanswered
-from runtime.store.base import DriveStart, RunStore
+from runtime.store.base import DriveStart, LeaseLost, RunStore
 
 log = logging.getLogger("runtime.engine")
 
@@ -89,10 +89,62 @@ async def after_failed_drive(
         )
     try:
         await fail_run(store, run_id, code, message, tool_call_id=call)
-    except Exception:
-        log.exception("could not record the failure of %s; handing it back", run_id)
-        return retry.delay(failures)
+    except Exception as unrecorded:
+        if isinstance(unrecorded, LeaseLost | TRANSIENT_DB_ERRORS):
+            # The database still failing (or the lease gone: the release finds it so).
+            log.exception("could not record the failure of %s; handing it back", run_id)
+            return retry.delay(failures)
+        # Were it handed back, every drive from now on would fail it, and fail to.
+        log.exception("could not record the failure of %s; failing it unread", run_id)
+        try:
+            await fail_unrecorded(store, run_id, code, message, unrecorded)
+        except Exception:
+            log.exception("could not fail %s unread either; handing it back", run_id)
+            return retry.delay(failures)
     return None
+
+
+async def fail_unrecorded(
+    store: RunStore, run_id: str, code: Code, message: str, unrecorded: BaseException
+) -> None:
+    """The last resort of a drive whose failure (``code``, ``message``) ``fail_run``
+    could not record, raising ``unrecorded`` (a ledger row, say, whose stored value no
+    longer validates: the run's next drive would fail on it too, and fail to record
+    that). The run ends failed by :meth:`RunStore.fail_unread`, which reads none of its
+    rows: its outcome lists every side-effecting call as one that may have happened.
+
+    A cancel asked for ends it as the cancel would have (RUN_CANCELLED, the cancel's
+    reason), saying what could not be done: what failed, and any compensation asked
+    for, which is not run."""
+    try:
+        cancel = await store.cancel_requested(run_id)
+    except Exception:  # not this read's to stop the run from ending
+        log.warning("could not read whether %s is being cancelled", run_id, exc_info=True)
+        cancel = None
+    if cancel is not None:
+        reason, compensate = cancel
+        message = f"{reason or 'cancelled'}; the cancel could not be carried out: {message}"
+        if compensate:
+            message += "; the compensation it asked for was not run"
+        code = Code.RUN_CANCELLED
+    failed = named(unrecorded)
+    message += (
+        "; recording that failed on it too"
+        if failed in message
+        else f"; recording that failed too: {failed}"
+    )
+    ended = code
+    if await store.fail_unread(run_id, ended, message, lambda now: failure_trigger(ended, now)):
+        log.error("run %s failed, unread: %s", run_id, message)
+
+
+def named(exc: BaseException, most: int = 500) -> str:
+    """``exc`` for a run's outcome: its type and its text on one line, at most ``most``
+    characters of it (a validation error's runs to many lines)."""
+    text = " ".join(str(exc).split())
+    if len(text) > most:
+        text = text[: most - 1] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 async def fail_crash_loop(

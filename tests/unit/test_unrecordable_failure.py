@@ -1,0 +1,192 @@
+"""A drive that fails on something other than the database, whose failure cannot be
+recorded either (the reads ``fail_run`` makes raise on the same corrupt row): it is
+handed back and driven again, but only ``max_drive_failures`` times in a row; then the
+run ends with a last-resort failure that reads none of its rows (``RunStore.fail_unread``).
+
+Before that bound, a ledger row whose stored value no longer validated had the run
+driven again for ever, a cancel unable to end it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from runtime.errors import Code
+from runtime.lifecycle import State, Trigger
+from runtime.model import Run, RunCreate
+from runtime.store.base import LeaseLost
+from server.host import Host, open_host
+from server.settings import Settings
+
+MAX_FAILURES = 3
+RETRY_S = 0.05
+UNRECORDED = "could not record the failure of"
+
+
+@pytest.fixture
+async def host(database_url: str, data_dir: Path) -> AsyncIterator[Host]:
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        extra_agents=["tests.agents:build_agents"],
+        max_drive_failures=MAX_FAILURES,
+        drive_retry_seconds=RETRY_S,
+    )
+    async with open_host(settings) as opened:
+        yield opened
+
+
+async def parked_on_its_second_wire(host: Host) -> tuple[Run, str]:
+    """A run whose first wire (a side effect) a human approved and that ran, parked on
+    the approval of its second; and the first wire's tool_call_id."""
+    engine = host.engine
+    run, _ = await engine.create_run(RunCreate(agent_id="double_wirer", input="x"))
+    parked = await engine.wait_settled(run.run_id, within_s=30)
+    assert parked.state is State.WAITING_HUMAN and parked.pending_approval is not None
+    await engine.decide(
+        run.run_id, parked.pending_approval.approval_id, "approve", decided_by="u-mgr", comment=None
+    )
+    parked = await engine.wait_settled(run.run_id, within_s=30)
+    assert parked.state is State.WAITING_HUMAN and parked.pending_approval is not None
+    calls = await host.store.list_tool_calls(run.run_id)
+    assert [(c.tool, c.status) for c in calls] == [("wire", "succeeded")]
+    return parked, calls[0].tool_call_id
+
+
+async def corrupt(host: Host, tool_call_id: str) -> None:
+    """A ledger row whose status the model refuses: every read of the run's calls raises."""
+    async with host.store.tx() as tx:
+        await tx.execute(
+            "UPDATE tool_calls SET status = 'exploded' WHERE tool_call_id = ?", (tool_call_id,)
+        )
+
+
+async def ended(host: Host, run_id: str, within_s: float = 10.0) -> Run:
+    """The run once it has ended (a TimeoutError if it goes on being driven)."""
+    async with asyncio.timeout(within_s):
+        while True:
+            found = await host.store.get_run_to_drive(run_id)
+            assert found is not None
+            if found.run.state in (State.SUCCEEDED, State.FAILED):
+                return found.run
+            await asyncio.sleep(0.02)
+
+
+async def test_a_failure_that_cannot_be_recorded_ends_the_run_after_the_limit(
+    host: Host, caplog: pytest.LogCaptureFixture
+) -> None:
+    parked, wire = await parked_on_its_second_wire(host)
+    await corrupt(host, wire)
+    assert parked.pending_approval is not None
+    with caplog.at_level(logging.ERROR, logger="runtime.engine"):
+        # Approved, the second wire runs, and the run's end reads the ledger: it raises,
+        # and so does fail_run, on the same row.
+        await host.engine.decide(
+            parked.run_id,
+            parked.pending_approval.approval_id,
+            "approve",
+            decided_by="u-mgr",
+            comment=None,
+        )
+        final = await ended(host, parked.run_id)
+        await host.engine.wait_settled(parked.run_id, within_s=10)
+
+    assert final.state is State.FAILED
+    assert final.outcome is not None and final.outcome.code is Code.INTERNAL_ERROR
+    assert "ValidationError" in final.outcome.message  # the original error, named
+    assert "could not be read" in final.outcome.message
+    # Both wires may have happened: listed as effects that may have, the ledger unread.
+    ids = await side_effect_ids(host, parked.run_id)
+    assert len(ids) == 2 and wire in ids
+    assert sorted(final.outcome.side_effects) == sorted(ids)
+    # Driven MAX_FAILURES times: the first moved the run on (its second wire ran), so
+    # the count starts there; the last fails the run unread.
+    unrecorded = [r.getMessage() for r in caplog.records if r.getMessage().startswith(UNRECORDED)]
+    assert [m.endswith("handing it back") for m in unrecorded] == [True, True, False], unrecorded
+    events = await host.store.list_events(parked.run_id)
+    errors = [e.data for e in events if e.type == "error"]
+    assert [e["code"] for e in errors] == ["INTERNAL_ERROR"]
+    assert events[-1].type == "state" and events[-1].data["to"] == "failed"
+    lease = await host.store.lease_of(parked.run_id)
+    assert lease is not None and not lease["needs_drive"] and lease["lease_owner"] is None
+
+
+async def side_effect_ids(host: Host, run_id: str) -> list[str]:
+    async with host.store.read() as tx:
+        rows = await tx.fetchall(
+            "SELECT tool_call_id FROM tool_calls WHERE run_id = ? AND side_effect = 1", (run_id,)
+        )
+    return [r["tool_call_id"] for r in rows]
+
+
+async def test_a_cancel_ends_it_at_once_as_cancelled_and_expires_its_approval(
+    database_url: str, data_dir: Path
+) -> None:
+    """Parked on an approval, the ledger corrupt: the cancel's drive cannot settle the
+    run's calls nor record that it failed. It ends the run as cancelled at once (not
+    after the drives in a row a limit of 1000 allows), its approval expired, and the
+    cancel answers with it rather than after the lease's 30 s."""
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        extra_agents=["tests.agents:build_agents"],
+        max_drive_failures=1000,
+        drive_retry_seconds=RETRY_S,
+    )
+    async with open_host(settings) as host:
+        parked, wire = await parked_on_its_second_wire(host)
+        assert parked.pending_approval is not None
+        await corrupt(host, wire)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        after = await host.engine.cancel(parked.run_id, "changed my mind", compensate=True)
+        took = loop.time() - started
+        await host.engine.wait_settled(parked.run_id, within_s=10)
+        approval = await host.store.get_approval(parked.pending_approval.approval_id)
+        events = await host.store.list_events(parked.run_id)
+        ids = await side_effect_ids(host, parked.run_id)
+
+    assert after.state is State.FAILED, after
+    assert took < 5, took
+    assert after.outcome is not None and after.outcome.code is Code.RUN_CANCELLED
+    assert after.outcome.message.startswith("changed my mind; the cancel could not be carried out")
+    assert "the compensation it asked for was not run" in after.outcome.message
+    assert after.outcome.compensations == [] and after.outcome.side_effects == [wire]
+    assert ids == [wire]  # the second wire never ran
+    assert after.pending_approval is None
+    assert approval is not None and approval.status == "expired"
+    assert approval.decided_by == "runtime"
+    tail = [
+        (e.type, e.data.get("decision") or e.data.get("code") or e.data.get("to"))
+        for e in events[-3:]
+    ]
+    assert tail == [
+        ("approval_result", "expired"),
+        ("error", "RUN_CANCELLED"),
+        ("state", "failed"),
+    ]
+    assert events[-1].data["trigger"] == "cancel"
+
+
+async def test_the_last_resort_respects_the_lease_fence(host: Host) -> None:
+    parked, wire = await parked_on_its_second_wire(host)
+    await corrupt(host, wire)
+    lease = await host.store.lease_of(parked.run_id)
+    assert lease is not None
+    stale = host.store.fenced(parked.run_id, int(lease["lease_version"]) + 1)
+
+    with pytest.raises(LeaseLost):
+        await stale.fail_unread(
+            parked.run_id, Code.INTERNAL_ERROR, "stale", lambda _: Trigger.EXEC_ERROR
+        )
+
+    found = await host.store.get_run_to_drive(parked.run_id)
+    assert found is not None and found.run.state is State.WAITING_HUMAN
+    assert parked.pending_approval is not None
+    approval = await host.store.get_approval(parked.pending_approval.approval_id)
+    assert approval is not None and approval.status == "pending"  # rolled back with it
+    assert (await host.store.list_events(parked.run_id))[-1].type == "state"
