@@ -141,7 +141,12 @@ class Outcome(BaseModel):
     code: Code | None = None
     message: str = ""
     side_effects: list[str] = Field(default_factory=list)
-    """tool_call_ids of side-effecting calls that did happen."""
+    """tool_call_ids of side-effecting calls that did happen, or may have (an effect
+    cut off, or unknown). A run failed without its ledger read (its rows no longer
+    validate: ``RunStore.fail_unread``) lists every side-effecting call it made, as one
+    that may have happened, its ``message`` saying its tool calls could not be read; an
+    empty list there, the message saying its side effects are unknown, where not even
+    their ids could be read."""
     compensations: list[str] = Field(default_factory=list)
     """tool_call_ids whose compensation ran."""
 
