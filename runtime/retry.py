@@ -90,7 +90,7 @@ async def after_failed_drive(
     try:
         await fail_run(store, run_id, code, message, tool_call_id=call)
     except Exception as unrecorded:
-        if isinstance(unrecorded, LeaseLost | TRANSIENT_DB_ERRORS):
+        if isinstance(unrecorded, (LeaseLost, *TRANSIENT_DB_ERRORS)):
             # The database still failing (or the lease gone: the release finds it so).
             log.exception("could not record the failure of %s; handing it back", run_id)
             return retry.delay(failures)

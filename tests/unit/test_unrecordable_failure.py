@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from runtime.errors import Code
 from runtime.lifecycle import State, Trigger
 from runtime.model import Run, RunCreate
+from runtime.retry import DriveRetry, after_failed_drive
 from runtime.store.base import LeaseLost
 from server.host import Host, open_host
 from server.settings import Settings
@@ -190,3 +193,36 @@ async def test_the_last_resort_respects_the_lease_fence(host: Host) -> None:
     approval = await host.store.get_approval(parked.pending_approval.approval_id)
     assert approval is not None and approval.status == "pending"  # rolled back with it
     assert (await host.store.list_events(parked.run_id))[-1].type == "state"
+
+
+async def test_a_database_failure_that_lasts_ends_the_run_unread_too(host: Host) -> None:
+    """At the limit of drives failing on the database, a CHECKPOINT_ERROR that fail_run
+    cannot record (the same corrupt row) is recorded unread, not handed back for ever;
+    one it cannot record because the database still fails is handed back."""
+    parked, wire = await parked_on_its_second_wire(host)
+    await corrupt(host, wire)
+    version = await host.store.take_lease(parked.run_id, "w1", 30.0)
+    assert version is not None
+    view = host.store.fenced(parked.run_id, version)
+    retry = DriveRetry(max_failures=MAX_FAILURES)
+    full = sqlite3.OperationalError("database or disk is full")
+
+    class Away:  # fail_run's first read meets the database gone again
+        def __getattr__(self, name: str) -> object:
+            return getattr(view, name)
+
+        async def get_run(self, run_id: str) -> Run | None:
+            raise full
+
+    away: Any = Away()
+    assert await after_failed_drive(away, parked.run_id, MAX_FAILURES, full, retry) == retry.delay(
+        MAX_FAILURES
+    )
+    assert await after_failed_drive(view, parked.run_id, MAX_FAILURES, full, retry) is None
+
+    found = await host.store.get_run_to_drive(parked.run_id)
+    assert found is not None and found.run.outcome is not None
+    assert found.run.state is State.FAILED
+    assert found.run.outcome.code is Code.CHECKPOINT_ERROR
+    assert "could not persist" in found.run.outcome.message
+    assert found.run.outcome.side_effects == [wire]
