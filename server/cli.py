@@ -199,17 +199,31 @@ def _reach_the_database(settings: Settings) -> None:
         return
     import psycopg
 
+    from server.settings import one_line, refused
+
     try:
-        with psycopg.connect(url, connect_timeout=10) as conn:
-            found = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()
-            if found and found[0]:
-                version = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-                _known_schema(settings, version[0] if version else None)
+        conn = psycopg.connect(url, connect_timeout=10)
     except psycopg.OperationalError as exc:
         reason = " ".join(str(exc).split())  # psycopg's message spans lines
         raise ConnectionError(f"cannot reach AGENT_RUNTIME_DATABASE_URL: {reason}") from exc
     except psycopg.Error:  # libpq could not parse it; its message quotes it, password too
         raise ValueError("AGENT_RUNTIME_DATABASE_URL is not a valid PostgreSQL URL") from None
+    with conn:
+        try:
+            # The store's own table: in the schema it creates its tables in (the first
+            # of the search_path), not one of another application further along it.
+            row = conn.execute(
+                "SELECT to_regclass(format('%I.schema_version', current_schema())) IS NOT NULL"
+            ).fetchone()
+            version = None
+            if row and row[0]:
+                found = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+                version = found[0] if found else None
+        except psycopg.Error as exc:
+            raise refused(
+                settings.database_setting, f"cannot read its schema version: {one_line(exc)}"
+            ) from exc
+    _known_schema(settings, version)
 
 
 def _read_the_embedded_database(settings: Settings) -> None:
@@ -243,12 +257,15 @@ def _read_the_embedded_database(settings: Settings) -> None:
         raise refused(settings.database_setting, why) from exc
 
 
-def _known_schema(settings: Settings, version: int | None) -> None:
+def _known_schema(settings: Settings, version: object) -> None:
     """A database a newer version migrated: refused here in one line (the store would
-    refuse it inside the start, with a traceback)."""
+    refuse it inside the start, with a traceback). A version that is no integer is
+    another tool's table of that name: not ours to judge."""
     from runtime.store.core import SchemaTooNew, check_schema_version
     from server.settings import refused
 
+    if not isinstance(version, int):
+        return
     try:
         check_schema_version(version)
     except SchemaTooNew as exc:

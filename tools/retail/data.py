@@ -188,7 +188,8 @@ def check_replaceable(path: Path) -> None:
                 "it is kept, not replaced"
             ) from exc
         raise NotTheDemoDatabase(f"{path} cannot be read: {exc}") from exc
-    others = sorted(tables - DEMO_TABLES)
+    # SQLite's own tables (sqlite_stat1 after an ANALYZE, …) hold nobody's data.
+    others = sorted(t for t in tables - DEMO_TABLES if not t.startswith("sqlite_"))
     if others or (tables and "meta" not in tables):
         which = f"tables not the demo's: {', '.join(others)}" if others else "no meta table"
         raise NotTheDemoDatabase(
