@@ -39,6 +39,7 @@ from runtime.lifecycle import TERMINAL, State
 from runtime.metrics import Metrics
 from runtime.model import Run, RunCreate, utcnow
 from runtime.retry import (
+    DATABASE_ERRORS,
     TRANSIENT_DB_ERRORS,
     DriveRetry,
     after_failed_drive,
@@ -370,8 +371,9 @@ class Engine(GraphDriving):
                 elif failures is not None:
                     failures += 1
                 give_up = carries_cancel or (failures or 1) >= self.retry.max_failures
-                # (Not where recording failed on the database: a blip may be all it was.)
-                if not give_up or isinstance(unrecorded, TRANSIENT_DB_ERRORS):
+                # (Not where recording failed on the database: a blip, or a connection's
+                # own trouble, may be all it was.)
+                if not give_up or isinstance(unrecorded, DATABASE_ERRORS):
                     log.exception(
                         "could not record the failure of %s (%d in a row); handing it back",
                         run_id, failures or 1,

@@ -33,6 +33,10 @@ log = logging.getLogger("runtime.engine")
 
 TRANSIENT_DB_ERRORS = (psycopg.OperationalError, sqlite3.OperationalError, OSError)
 """What a database that is away, or refusing writes for now, raises."""
+DATABASE_ERRORS = (psycopg.Error, sqlite3.Error, OSError)
+"""Whatever a database or its driver raises: a failure to record that may be the
+connection's (a failover's read-only transaction, a broken pooled connection), not the
+run's rows, so it is never taken for one that lasts."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ async def after_failed_drive(
     try:
         await fail_run(store, run_id, code, message, tool_call_id=call)
     except Exception as unrecorded:
-        if isinstance(unrecorded, (LeaseLost, *TRANSIENT_DB_ERRORS)):
+        if isinstance(unrecorded, (LeaseLost, *DATABASE_ERRORS)):
             # The database still failing (or the lease gone: the release finds it so).
             log.exception("could not record the failure of %s; handing it back", run_id)
             return retry.delay(failures)
@@ -125,7 +129,7 @@ async def fail_unrecorded(
         reason, compensate = cancel
         message = f"{reason or 'cancelled'}; the cancel could not be carried out: {message}"
         if compensate:
-            message += "; the compensation it asked for was not run"
+            message += "; the compensation it asked for may not have run (see compensations)"
         code = Code.RUN_CANCELLED
     failed = named(unrecorded)
     message += (
