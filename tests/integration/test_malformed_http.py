@@ -78,6 +78,19 @@ def test_a_websocket_upgrade_is_answered_as_http(running: ServerProcess, key: by
     assert json.loads(body)["code"] == "NOT_FOUND"
 
 
+def large_post(extra_headers: bytes = b"") -> bytes:
+    """POST /runs as OPS with a 200 kB body (an input too long for the app: its 422)."""
+    payload = json.dumps({"input": "x" * 200_000}).encode()
+    auth = "".join(f"{k}: {v}\r\n" for k, v in OPS.items()).encode()
+    return (
+        b"POST /runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + extra_headers
+        + auth
+        + b"Content-Length: %d\r\n\r\n" % len(payload)
+        + payload
+    )
+
+
 def test_a_request_head_too_large_is_431_and_a_large_body_is_not(running: ServerProcess) -> None:
     """httptools buffers a head whole, however large, before any app code (or credential
     check) runs: past MAX_HEAD_BYTES the connection is answered and closed. A body is not
@@ -96,15 +109,7 @@ def test_a_request_head_too_large_is_431_and_a_large_body_is_not(running: Server
         running, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + fine + b"\r\n"
     )
     assert status == 200
-    payload = json.dumps({"input": "x" * 200_000}).encode()
-    auth = "".join(f"{k}: {v}\r\n" for k, v in OPS.items()).encode()
-    post = (
-        b"POST /runs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
-        + auth
-        + b"Content-Length: %d\r\n\r\n" % len(payload)
-        + payload
-    )
-    status, _, body = exchange(running, post)
+    status, _, body = exchange(running, large_post(b"Connection: close\r\n"))
     assert status == 422 and json.loads(body)["code"] == "VALIDATION_ERROR"  # input too long
 
 
@@ -129,14 +134,7 @@ def test_a_large_body_and_the_next_head_in_one_read_are_not_a_large_head(
     """Pipelined: a head begun in the read that ends a large body is counted without
     that body (it was, and the head "exceeded" the cap: a 431, the first answer lost);
     nor do a chunked body's trailers count as head."""
-    payload = json.dumps({"input": "x" * 200_000}).encode()
-    auth = "".join(f"{k}: {v}\r\n" for k, v in OPS.items()).encode()
-    first = (
-        b"POST /runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + auth
-        + b"Content-Length: %d\r\n\r\n" % len(payload)
-        + payload
-    )
+    first = large_post()
     with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
         sock.sendall(first + b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
         time.sleep(0.3)
