@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from runtime.errors import CODES, Code, Recovery, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger
 from runtime.model import Outcome
-from runtime.store.core import StoreCore, _ts
+from runtime.store.core import StoreCore, _enc_col, _ts
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,10 @@ class UnreadFailures(StoreCore):
         trigger from the state the run is in), and an outcome whose ``side_effects``
         list every side-effecting call of the ledger as one that may have happened (by
         id alone, read as stored), its message saying so; where even those cannot be
-        read, none, its message saying they are unknown. Calls left ``running`` stay so
-        (closing them means reading them), and a handoff left open gets no ``result``.
+        read, none, its message saying they are unknown. Calls left ``running`` are
+        closed ``unknown`` (what the ledger says of a call that may have happened), by
+        their stored status alone, each with its ``result`` event; a handoff left open
+        gets no ``result`` (finding it means reading the events).
         """
         effects = await self._ledger_ids_unread(run_id)
         if effects is None:
@@ -61,6 +64,10 @@ class UnreadFailures(StoreCore):
             recovery = Recovery.NONE  # as fail_run: the event says what the runtime did
         error = {"code": code.value, "message": message, "recovery": recovery.value}
         comment = f"run ended: {code}"
+        unread_error = {
+            "code": Code.TOOL_OUTCOME_UNKNOWN.value,
+            "message": f"the run ended ({code}) while the call ran: it may have happened",
+        }
         try:
             async with self.tx() as tx:
                 # The approvals first, as decide_approval locks them, and on the inner
@@ -72,31 +79,29 @@ class UnreadFailures(StoreCore):
                     "RETURNING approval_id, tool_call_id",
                     (comment, _ts(), run_id),
                 )
+                # The same way, and before the run's lock (as update_tool_call takes them):
+                # left running, the next reader would take a call of an ended run as one
+                # still under way.
+                closed = await tx.inner.fetchall(
+                    "UPDATE tool_calls SET status = 'unknown', error = ?, updated_at = ? "
+                    "WHERE run_id = ? AND status = 'running' "
+                    "RETURNING tool_call_id, tool, artifact_id",
+                    (_enc_col("error", unread_error), _ts(), run_id),
+                )
                 row = await self._lock_run(tx, run_id, "state")
                 if row is None:
                     raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
                 current = State(row["state"])
                 if current in TERMINAL:
-                    raise _Ended  # rolls the approvals back: whatever ended it expired them
+                    raise _Ended  # undoes the two updates: whatever ended it closed them
                 trigger = trigger_for(current)
                 if (current, trigger) not in TRANSITIONS:
                     # Only a run that never started (see fail_run): through planning.
                     await self._transition(tx, run_id, Trigger.START, current, (), {})
                     current = State.PLANNING
                     trigger = trigger_for(current)
-                results = [
-                    (
-                        EventType.APPROVAL_RESULT,
-                        {
-                            "approval_id": a["approval_id"],
-                            "tool_call_id": a["tool_call_id"],
-                            "decision": "expired",
-                            "decided_by": "runtime",
-                            "comment": comment,
-                        },
-                    )
-                    for a in expired
-                ]
+                # As fail_run writes them: the calls' results, then the approvals'.
+                results = [*_unknown_results(closed, unread_error), *_expired(expired, comment)]
                 await self._transition(
                     tx,
                     run_id,
@@ -127,3 +132,40 @@ class UnreadFailures(StoreCore):
         except Exception:
             log.warning("could not read the ledger of %s to fail it", run_id, exc_info=True)
             return None
+
+
+def _unknown_results(
+    closed: list[dict[str, Any]], error: dict[str, Any]
+) -> list[tuple[EventType, dict[str, Any]]]:
+    """The ``result`` events of calls closed ``unknown`` unread (see ``result_event``)."""
+    return [
+        (
+            EventType.RESULT,
+            {
+                "tool_call_id": c["tool_call_id"],
+                "tool": c["tool"],
+                "status": "unknown",
+                "output": None,
+                "artifact_id": c["artifact_id"],
+                "error": error,
+            },
+        )
+        for c in closed
+    ]
+
+
+def _expired(expired: list[dict[str, Any]], comment: str) -> list[tuple[EventType, dict[str, Any]]]:
+    """The ``approval_result`` events of approvals expired unread."""
+    return [
+        (
+            EventType.APPROVAL_RESULT,
+            {
+                "approval_id": a["approval_id"],
+                "tool_call_id": a["tool_call_id"],
+                "decision": "expired",
+                "decided_by": "runtime",
+                "comment": comment,
+            },
+        )
+        for a in expired
+    ]

@@ -226,3 +226,40 @@ async def test_a_database_failure_that_lasts_ends_the_run_unread_too(host: Host)
     assert found.run.outcome.code is Code.CHECKPOINT_ERROR
     assert "could not persist" in found.run.outcome.message
     assert found.run.outcome.side_effects == [wire]
+
+
+async def test_the_last_resort_closes_the_calls_left_running_as_unknown(host: Host) -> None:
+    """A call whose handler had started when the run was failed unread may have taken
+    effect: it is closed ``unknown``, with its result event, read by its status alone
+    (the corrupt row beside it is left as it is)."""
+    parked, wire = await parked_on_its_second_wire(host)
+    first = await host.store.get_tool_call(wire)
+    assert first is not None
+    running = first.model_copy(
+        update={"tool_call_id": f"{wire}-again", "call_index": 1, "status": "running"}
+    )
+    await host.store.begin_tool_call(running, {"tool_call_id": running.tool_call_id})
+    await corrupt(host, wire)
+    version = await host.store.take_lease(parked.run_id, "w1", 30.0)
+    assert version is not None
+    view = host.store.fenced(parked.run_id, version)
+
+    assert await view.fail_unread(
+        parked.run_id, Code.INTERNAL_ERROR, "boom", lambda _: Trigger.EXEC_ERROR
+    )
+
+    async with host.store.read() as tx:
+        rows = await tx.fetchall(
+            "SELECT tool_call_id, status FROM tool_calls WHERE run_id = ?", (parked.run_id,)
+        )
+    assert {r["tool_call_id"]: r["status"] for r in rows} == {
+        wire: "exploded",
+        running.tool_call_id: "unknown",
+    }
+    events = await host.store.list_events(parked.run_id)
+    closed = [e.data for e in events if e.type == "result"][-1]
+    assert closed["tool_call_id"] == running.tool_call_id and closed["status"] == "unknown"
+    assert closed["error"]["code"] == "TOOL_OUTCOME_UNKNOWN"
+    assert [e.type for e in events[-4:]] == ["result", "approval_result", "error", "state"]
+    found = await host.store.get_run_to_drive(parked.run_id)
+    assert found is not None and found.run.state is State.FAILED
