@@ -93,19 +93,30 @@ async def after_failed_drive(
         )
     try:
         await fail_run(store, run_id, code, message, tool_call_id=call)
+    except LeaseLost:
+        return _lease_lost(run_id, failures, retry)
     except Exception as unrecorded:
-        if isinstance(unrecorded, (LeaseLost, *DATABASE_ERRORS)):
-            # The database still failing (or the lease gone: the release finds it so).
+        if isinstance(unrecorded, DATABASE_ERRORS):
+            # The database (or the connection) still failing: not what makes it last.
             log.exception("could not record the failure of %s; handing it back", run_id)
             return retry.delay(failures)
         # Were it handed back, every drive from now on would fail it, and fail to.
         log.exception("could not record the failure of %s; failing it unread", run_id)
         try:
             await fail_unrecorded(store, run_id, code, message, unrecorded)
+        except LeaseLost:
+            return _lease_lost(run_id, failures, retry)
         except Exception:
             log.exception("could not fail %s unread either; handing it back", run_id)
             return retry.delay(failures)
     return None
+
+
+def _lease_lost(run_id: str, failures: int, retry: DriveRetry) -> float:
+    """Another worker took the run while this one failed it: routine, not an error (no
+    traceback). Handed back as after any failed drive: the release finds the lease gone."""
+    log.warning("lost the lease on %s while failing it; another worker drives it now", run_id)
+    return retry.delay(failures)
 
 
 async def fail_unrecorded(

@@ -263,3 +263,31 @@ async def test_the_last_resort_closes_the_calls_left_running_as_unknown(host: Ho
     assert [e.type for e in events[-4:]] == ["result", "approval_result", "error", "state"]
     found = await host.store.get_run_to_drive(parked.run_id)
     assert found is not None and found.run.state is State.FAILED
+
+
+@pytest.mark.parametrize("unreadable", [False, True])
+async def test_a_lease_lost_while_failing_the_run_is_no_error(
+    host: Host, caplog: pytest.LogCaptureFixture, unreadable: bool
+) -> None:
+    """Another worker took the run (a later lease) while this one failed it, on
+    recording the failure (``fail_run``) or, the ledger unreadable, on failing it unread:
+    a warning without a traceback, the run left to the new holder."""
+    parked, wire = await parked_on_its_second_wire(host)
+    if unreadable:
+        await corrupt(host, wire)
+    version = await host.store.take_lease(parked.run_id, "w1", 30.0)
+    assert version is not None
+    stale = host.store.fenced(parked.run_id, version - 1)
+    retry = DriveRetry(max_failures=MAX_FAILURES)
+    full = sqlite3.OperationalError("database or disk is full")
+
+    with caplog.at_level(logging.INFO, logger="runtime.engine"):
+        delay = await after_failed_drive(stale, parked.run_id, MAX_FAILURES, full, retry)
+
+    assert delay == retry.delay(MAX_FAILURES)
+    traced = [r.getMessage() for r in caplog.records if r.exc_info and r.exc_info[0] is LeaseLost]
+    assert traced == []
+    lost = [r for r in caplog.records if r.getMessage().startswith("lost the lease on")]
+    assert [(r.levelno, r.exc_info) for r in lost] == [(logging.WARNING, None)]
+    found = await host.store.get_run_to_drive(parked.run_id)
+    assert found is not None and found.run.state is State.WAITING_HUMAN
