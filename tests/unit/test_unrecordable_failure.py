@@ -12,9 +12,11 @@ import asyncio
 import logging
 import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from runtime.errors import Code
@@ -50,14 +52,20 @@ async def parked_on_its_second_wire(host: Host) -> tuple[Run, str]:
     run, _ = await engine.create_run(RunCreate(agent_id="double_wirer", input="x"))
     parked = await engine.wait_settled(run.run_id, within_s=30)
     assert parked.state is State.WAITING_HUMAN and parked.pending_approval is not None
-    await engine.decide(
-        run.run_id, parked.pending_approval.approval_id, "approve", decided_by="u-mgr", comment=None
-    )
+    await approve(host, parked)
     parked = await engine.wait_settled(run.run_id, within_s=30)
     assert parked.state is State.WAITING_HUMAN and parked.pending_approval is not None
     calls = await host.store.list_tool_calls(run.run_id)
     assert [(c.tool, c.status) for c in calls] == [("wire", "succeeded")]
     return parked, calls[0].tool_call_id
+
+
+async def approve(host: Host, parked: Run) -> None:
+    assert parked.pending_approval is not None
+    approval_id = parked.pending_approval.approval_id
+    await host.engine.decide(
+        parked.run_id, approval_id, "approve", decided_by="u-mgr", comment=None
+    )
 
 
 async def corrupt(host: Host, tool_call_id: str) -> None:
@@ -88,13 +96,7 @@ async def test_a_failure_that_cannot_be_recorded_ends_the_run_after_the_limit(
     with caplog.at_level(logging.ERROR, logger="runtime.engine"):
         # Approved, the second wire runs, and the run's end reads the ledger: it raises,
         # and so does fail_run, on the same row.
-        await host.engine.decide(
-            parked.run_id,
-            parked.pending_approval.approval_id,
-            "approve",
-            decided_by="u-mgr",
-            comment=None,
-        )
+        await approve(host, parked)
         final = await ended(host, parked.run_id)
         await host.engine.wait_settled(parked.run_id, within_s=10)
 
@@ -291,3 +293,86 @@ async def test_a_lease_lost_while_failing_the_run_is_no_error(
     assert [(r.levelno, r.exc_info) for r in lost] == [(logging.WARNING, None)]
     found = await host.store.get_run_to_drive(parked.run_id)
     assert found is not None and found.run.state is State.WAITING_HUMAN
+
+
+def refuse_writes(database_url: str, *, calls: bool) -> None:
+    """The database refuses a run's failure as ``fail_run`` writes it (and, with
+    ``calls``, every new ledger row) with an error that is its driver's and no blip: a
+    failover's read-only transaction on PostgreSQL (an InternalError to psycopg), an
+    aborting trigger's IntegrityError on SQLite. It takes the last resort's write,
+    which says the calls could not be read, as a connection that failed once would: that
+    a database error is never taken for a failure that lasts is all that keeps the run
+    from being failed unread."""
+    refused = "NEW.state = 'failed' AND NEW.outcome NOT LIKE '%could not be read%'"
+    if database_url.startswith("sqlite:///"):
+        with closing(sqlite3.connect(database_url.removeprefix("sqlite:///"))) as conn:
+            raise_ = "SELECT RAISE(ABORT, 'cannot execute in a read-only transaction')"
+            conn.execute(
+                f"CREATE TRIGGER refuse_failed BEFORE UPDATE ON runs WHEN {refused} "
+                f"BEGIN {raise_}; END"
+            )
+            if calls:
+                conn.execute(
+                    f"CREATE TRIGGER refuse_calls BEFORE INSERT ON tool_calls BEGIN {raise_}; END"
+                )
+            conn.commit()
+        return
+    with psycopg.connect(database_url, autocommit=True) as pg:
+        pg.execute(
+            f"""CREATE FUNCTION refuse() RETURNS trigger AS $$
+            BEGIN
+                IF TG_TABLE_NAME = 'runs' THEN  -- (NEW has no state on tool_calls)
+                    IF NOT ({refused}) THEN
+                        RETURN NEW;
+                    END IF;
+                END IF;
+                RAISE EXCEPTION 'cannot execute % in a read-only transaction', TG_OP
+                    USING ERRCODE = 'read_only_sql_transaction';
+            END $$ LANGUAGE plpgsql"""
+        )
+        each = "FOR EACH ROW EXECUTE FUNCTION refuse()"
+        pg.execute(f"CREATE TRIGGER refuse_failed BEFORE UPDATE ON runs {each}")
+        if calls:
+            pg.execute(f"CREATE TRIGGER refuse_calls BEFORE INSERT ON tool_calls {each}")
+
+
+async def test_a_database_error_recording_the_failure_hands_the_run_back(
+    host: Host, database_url: str
+) -> None:
+    """At the limit of drives failing on the database, fail_run's write refused by the
+    database: the run is handed back, not failed unread."""
+    parked, _ = await parked_on_its_second_wire(host)
+    version = await host.store.take_lease(parked.run_id, "w1", 30.0)
+    assert version is not None
+    view = host.store.fenced(parked.run_id, version)
+    refuse_writes(database_url, calls=False)
+    retry = DriveRetry(max_failures=MAX_FAILURES)
+    full = sqlite3.OperationalError("database or disk is full")
+
+    delay = await after_failed_drive(view, parked.run_id, MAX_FAILURES, full, retry)
+
+    assert delay == retry.delay(MAX_FAILURES)
+    found = await host.store.get_run_to_drive(parked.run_id)
+    assert found is not None
+    assert found.run.state is State.WAITING_HUMAN, found.run.outcome
+
+
+async def test_a_drive_whose_failure_the_database_refuses_is_driven_again(
+    host: Host, database_url: str
+) -> None:
+    """A drive failing on a database error that is no blip, whose failure the database
+    refuses too: past the limit of drives in a row, the run is still handed back."""
+    parked, _ = await parked_on_its_second_wire(host)
+    refuse_writes(database_url, calls=True)
+    await approve(host, parked)
+    async with asyncio.timeout(10):
+        while True:  # its second wire refused, and its failure, drive after drive
+            lease = await host.store.lease_of(parked.run_id)
+            assert lease is not None
+            if int(lease["drive_failures"]) > MAX_FAILURES:
+                break
+            await asyncio.sleep(0.02)
+
+    found = await host.store.get_run_to_drive(parked.run_id)
+    assert found is not None
+    assert found.run.state is State.EXECUTING, found.run.outcome
