@@ -271,6 +271,46 @@ class Approval(BaseModel):
     decided_at: datetime | None = None
 
 
+class Unreadable(BaseModel):
+    """A stored row that no longer validates against its model: shown by its keys and
+    status as the database holds them, none of its other values (an arg declared secret
+    is redacted by reading its tool off a valid row)."""
+
+    model_config = ConfigDict(coerce_numbers_to_str=True)
+
+    unreadable: Literal[True]
+    """Always true: what tells this form from the row's own (no default, so that the
+    schema requires it)."""
+    problems: list[str]
+    """What does not validate: a field's path and what is wrong with it, never its value."""
+
+
+class UnreadableToolCall(Unreadable):
+    """A ledger row that no longer validates: its keys and status as stored, no other value."""
+
+    tool_call_id: str
+    run_id: str
+    status: str
+    """As stored: not necessarily one of ToolCall's."""
+
+
+class UnreadableApproval(Unreadable):
+    """An approval that no longer validates: its keys and status as stored, no other value."""
+
+    approval_id: str
+    run_id: str
+    tool_call_id: str
+    status: str
+    """As stored: not necessarily one of Approval's."""
+
+
+class UnreadableStep(Unreadable):
+    """A step that no longer validates: its keys as stored, no other value."""
+
+    run_id: str
+    step_index: int
+
+
 class Artifact(BaseModel):
     artifact_id: str
     media_type: str

@@ -8,35 +8,94 @@ one read-only transaction, and the run's ``last_seq`` then bounds the log: event
 are only ever appended, so those up to it are the same when read afterwards, page
 by page (a long log is not held in one transaction), unless retention prunes the
 whole run meanwhile: the trace then ends without closing its JSON.
+
+What the audit surface shows of a row that no longer validates (a value an older
+version stored, a hand edit) is its :class:`runtime.model.Unreadable` form: one such
+row must not hide the rest of the record (a 500), least of all from an auditor of the
+run it broke. The runtime's own reads (``tool_call_rows``) still raise on it.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import logging
+from collections.abc import Sequence
+from typing import NamedTuple, TypeVar
 
-from runtime.model import Approval, Run, Step, ToolCall
-from runtime.store.core import StoreCore, Tx, _dec
+from pydantic import BaseModel, ValidationError
+
+from runtime.model import (
+    Approval,
+    Run,
+    Step,
+    ToolCall,
+    Unreadable,
+    UnreadableApproval,
+    UnreadableStep,
+    UnreadableToolCall,
+)
+from runtime.store.core import Row, StoreCore, Tx, _dec
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+U = TypeVar("U", bound=Unreadable)
+
+ShownStep = Step | UnreadableStep
+ShownToolCall = ToolCall | UnreadableToolCall
+ShownApproval = Approval | UnreadableApproval
 
 
 class RunRecord(NamedTuple):
     run: Run
     last_seq: int
     """The seq of the run's last event at that instant."""
-    steps: list[Step]
-    tool_calls: list[ToolCall]
-    approvals: list[Approval]
+    steps: list[ShownStep]
+    tool_calls: list[ShownToolCall]
+    approvals: list[ShownApproval]
+
+
+def shown(rows: Sequence[Row], model: type[M], unreadable: type[U]) -> list[M | U]:
+    """``rows`` as ``model``, each that does not validate as ``unreadable`` (its keys
+    and status as stored)."""
+    out: list[M | U] = []
+    for row in rows:
+        try:
+            out.append(model.model_validate(_dec(row)))
+        except ValidationError as exc:
+            problems = [
+                f"{'.'.join(str(p) for p in e['loc']) or '(row)'}: {e['msg']}"
+                for e in exc.errors(include_url=False, include_input=False)
+            ]
+            keys = {k: row[k] for k in unreadable.model_fields if k in row}
+            log.warning("a stored %s does not validate: %s %s", model.__name__, keys, problems)
+            keys.update(unreadable=True, problems=problems)
+            out.append(unreadable.model_validate(keys))
+    return out
+
+
+async def _steps(tx: Tx, run_id: str) -> list[Row]:
+    return await tx.fetchall("SELECT * FROM steps WHERE run_id = ? ORDER BY step_index", (run_id,))
+
+
+async def _tool_calls(tx: Tx, run_id: str) -> list[Row]:
+    return await tx.fetchall(
+        "SELECT * FROM tool_calls WHERE run_id = ? ORDER BY step_index, call_index", (run_id,)
+    )
 
 
 async def step_rows(tx: Tx, run_id: str) -> list[Step]:
-    rows = await tx.fetchall("SELECT * FROM steps WHERE run_id = ? ORDER BY step_index", (run_id,))
-    return [Step.model_validate(_dec(r)) for r in rows]
+    return [Step.model_validate(_dec(r)) for r in await _steps(tx, run_id)]
 
 
 async def tool_call_rows(tx: Tx, run_id: str) -> list[ToolCall]:
-    rows = await tx.fetchall(
-        "SELECT * FROM tool_calls WHERE run_id = ? ORDER BY step_index, call_index", (run_id,)
-    )
-    return [ToolCall.model_validate(_dec(r)) for r in rows]
+    return [ToolCall.model_validate(_dec(r)) for r in await _tool_calls(tx, run_id)]
+
+
+async def shown_step_rows(tx: Tx, run_id: str) -> list[ShownStep]:
+    return shown(await _steps(tx, run_id), Step, UnreadableStep)
+
+
+async def shown_tool_call_rows(tx: Tx, run_id: str) -> list[ShownToolCall]:
+    return shown(await _tool_calls(tx, run_id), ToolCall, UnreadableToolCall)
 
 
 class RecordQueries(StoreCore):
@@ -53,7 +112,17 @@ class RecordQueries(StoreCore):
             return RunRecord(
                 run=Run.model_validate(_dec(row)),
                 last_seq=int(row["last_seq"]),
-                steps=await step_rows(tx, run_id),
-                tool_calls=await tool_call_rows(tx, run_id),
-                approvals=[Approval.model_validate(_dec(r)) for r in approvals],
+                steps=await shown_step_rows(tx, run_id),
+                tool_calls=await shown_tool_call_rows(tx, run_id),
+                approvals=shown(approvals, Approval, UnreadableApproval),
             )
+
+    async def shown_steps(self, run_id: str) -> list[ShownStep]:
+        """The run's steps as the audit surface shows them (see the module's doc)."""
+        async with self.read() as tx:
+            return await shown_step_rows(tx, run_id)
+
+    async def shown_tool_calls(self, run_id: str) -> list[ShownToolCall]:
+        """The run's ledger as the audit surface shows it (see the module's doc)."""
+        async with self.read(runs=False) as tx:
+            return await shown_tool_call_rows(tx, run_id)

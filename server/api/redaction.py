@@ -3,7 +3,8 @@
 Events and approvals are written redacted; steps and the ledger keep the real args
 (the planner replays its steps, compensations need them), so they are redacted here,
 on the way out. A call whose tool cannot be found (a planner's invented tool, an agent
-no longer hosted) shows no values at all: what it declared secret is unknowable.
+no longer hosted) shows no values at all: what it declared secret is unknowable; nor
+does a row that no longer validates (its unreadable form has no args).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from runtime.engine import Engine
-from runtime.model import Run, Step, ToolCall
+from runtime.model import Run, Unreadable
+from runtime.store.records import ShownStep, ShownToolCall
 from runtime.tooling import REDACTED, ToolSpec
 
 
@@ -44,9 +46,12 @@ class RunTools:
         return spec.redact(args)
 
 
-def redact_steps(tools: RunTools, steps: list[Step]) -> list[Step]:
-    out = []
+def redact_steps(tools: RunTools, steps: list[ShownStep]) -> list[ShownStep]:
+    out: list[ShownStep] = []
     for step in steps:
+        if isinstance(step, Unreadable):  # shows no args
+            out.append(step)
+            continue
         agent_id = step.decision.agent_id
         calls = [
             c.model_copy(update={"args": tools.shown(c.tool, c.version, c.args, agent_id)})
@@ -57,5 +62,10 @@ def redact_steps(tools: RunTools, steps: list[Step]) -> list[Step]:
     return out
 
 
-def redact_tool_calls(tools: RunTools, calls: list[ToolCall]) -> list[ToolCall]:
-    return [c.model_copy(update={"args": tools.shown(c.tool, c.version, c.args)}) for c in calls]
+def redact_tool_calls(tools: RunTools, calls: list[ShownToolCall]) -> list[ShownToolCall]:
+    return [
+        c
+        if isinstance(c, Unreadable)
+        else c.model_copy(update={"args": tools.shown(c.tool, c.version, c.args)})
+        for c in calls
+    ]

@@ -113,7 +113,7 @@ async def test_the_trace_is_the_record_of_one_instant(
 
     run_id, _, _ = await parked_demo_run(api)
     store = api.engine_services.store
-    read_calls = records.tool_call_rows
+    read_calls = records.shown_tool_call_rows
     late: list[asyncio.Task[int | None]] = []
 
     async def calls_while_the_log_grows(tx: Any, of: str) -> list[Any]:
@@ -121,7 +121,7 @@ async def test_the_trace_is_the_record_of_one_instant(
         await asyncio.sleep(0.2)
         return await read_calls(tx, of)
 
-    monkeypatch.setattr(records, "tool_call_rows", calls_while_the_log_grows)
+    monkeypatch.setattr(records, "shown_tool_call_rows", calls_while_the_log_grows)
     resp = await api.client.get(f"/runs/{run_id}/trace")
     assert late, "the trace reads the record's tool calls"
     late_seq = await late[0]

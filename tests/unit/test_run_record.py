@@ -15,6 +15,7 @@ from runtime.lifecycle import State, Trigger
 from runtime.model import Decision, Step, utcnow
 from runtime.store import records
 from runtime.store.base import RunStore, event_pages
+from runtime.store.records import ShownStep
 from tests.unit.conftest import MakeRun
 from tests.unit.test_store import store_of
 
@@ -33,16 +34,16 @@ async def test_a_write_landing_while_the_record_is_read_is_not_half_in_it(
     store = store_of(backend)
     run = await make_run(store)
     writer: list[asyncio.Task[None]] = []
-    read_steps = records.step_rows
+    read_steps = records.shown_step_rows
 
-    async def steps_after_a_write(tx: Any, run_id: str) -> list[Step]:
+    async def steps_after_a_write(tx: Any, run_id: str) -> list[ShownStep]:
         # Between the run row and its steps: the run starts planning and records its
         # first step (PostgreSQL commits it meanwhile; SQLite's writer waits its turn).
         writer.append(asyncio.create_task(start_planning(store, run_id)))
         await asyncio.sleep(0.3)
         return await read_steps(tx, run_id)
 
-    monkeypatch.setattr(records, "step_rows", steps_after_a_write)
+    monkeypatch.setattr(records, "shown_step_rows", steps_after_a_write)
     record = await store.run_record(run.run_id)
     monkeypatch.undo()
     await writer[0]

@@ -15,18 +15,16 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.lifecycle import TERMINAL, State
 from runtime.model import (
     MAX_SCOPES,
-    Approval,
     Event,
     Page,
     Run,
     RunContext,
     RunCreate,
-    Step,
     Strict,
-    ToolCall,
     Usage,
 )
 from runtime.planner import Observation
+from runtime.store.records import ShownApproval, ShownStep, ShownToolCall
 from server.api.deps import (
     EngineDep,
     PrincipalDep,
@@ -75,9 +73,10 @@ class Trace(BaseModel):
     """The full ordered audit record of a run."""
 
     run: Run
-    steps: list[Step]
-    tool_calls: list[ToolCall]
-    approvals: list[Approval]
+    steps: list[ShownStep]
+    tool_calls: list[ShownToolCall]
+    approvals: list[ShownApproval]
+    """A row that no longer validates shows in its unreadable form (``unreadable: true``)."""
     events: list[Event]
 
 
@@ -296,19 +295,21 @@ async def run_events(
 
 
 @router.get(
-    "/runs/{run_id}/steps", response_model=list[Step], responses=problem_responses(*OF_A_RUN)
+    "/runs/{run_id}/steps", response_model=list[ShownStep], responses=problem_responses(*OF_A_RUN)
 )
-async def run_steps(run: RunDep, store: StoreDep, engine: EngineDep) -> list[Step]:
-    return redact_steps(RunTools(engine, run), await store.list_steps(run.run_id))
+async def run_steps(run: RunDep, store: StoreDep, engine: EngineDep) -> list[ShownStep]:
+    """The run's steps; one that no longer validates is shown unreadable."""
+    return redact_steps(RunTools(engine, run), await store.shown_steps(run.run_id))
 
 
 @router.get(
     "/runs/{run_id}/tool-calls",
-    response_model=list[ToolCall],
+    response_model=list[ShownToolCall],
     responses=problem_responses(*OF_A_RUN),
 )
-async def run_tool_calls(run: RunDep, store: StoreDep, engine: EngineDep) -> list[ToolCall]:
-    return redact_tool_calls(RunTools(engine, run), await store.list_tool_calls(run.run_id))
+async def run_tool_calls(run: RunDep, store: StoreDep, engine: EngineDep) -> list[ShownToolCall]:
+    """The run's ledger; a row that no longer validates is shown unreadable."""
+    return redact_tool_calls(RunTools(engine, run), await store.shown_tool_calls(run.run_id))
 
 
 @router.get("/runs/{run_id}/trace", response_model=Trace, responses=problem_responses(*OF_A_RUN))

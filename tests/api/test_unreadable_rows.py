@@ -1,0 +1,62 @@
+"""A stored row that no longer validates (a value an older version wrote, a hand edit):
+the audit surface shows it in a marked, unreadable form (its keys and status as stored)
+beside the rest of the run's record, rather than failing the whole response with a 500.
+The run that broke on it is the one an auditor most needs to read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.api.conftest import Api
+from tests.api.helpers import parked_demo_run
+
+
+async def corrupt(api: Api, table: str, sets: str, where: str, *params: object) -> None:
+    async with api.engine_services.store.tx() as tx:
+        await tx.execute(f"UPDATE {table} SET {sets} WHERE {where}", params)
+
+
+def unreadable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("unreadable")]
+
+
+async def test_a_row_that_no_longer_validates_is_shown_marked(api: Api) -> None:
+    run_id, approval_id, _ = await parked_demo_run(api)
+    calls = (await api.client.get(f"/runs/{run_id}/tool-calls")).json()
+    assert len(calls) >= 2
+    broken = calls[0]["tool_call_id"]
+    await corrupt(api, "tool_calls", "status = 'exploded'", "tool_call_id = ?", broken)
+    await corrupt(api, "approvals", "status = 'mislaid'", "approval_id = ?", approval_id)
+    await corrupt(api, "steps", "decision = ?", "run_id = ? AND step_index = 0", "{}", run_id)
+
+    listed = await api.client.get(f"/runs/{run_id}/tool-calls")
+    steps = await api.client.get(f"/runs/{run_id}/steps")
+    trace = await api.client.get(f"/runs/{run_id}/trace")
+
+    assert (listed.status_code, steps.status_code, trace.status_code) == (200, 200, 200)
+    shown = listed.json()
+    assert [c["tool_call_id"] for c in shown] == [c["tool_call_id"] for c in calls]
+    [bad] = unreadable(shown)
+    assert set(bad) == {"unreadable", "problems", "tool_call_id", "run_id", "status"}  # no args
+    assert (bad["tool_call_id"], bad["run_id"], bad["status"]) == (broken, run_id, "exploded")
+    assert [p.split(":")[0] for p in bad["problems"]] == ["status"]
+    assert "exploded" not in " ".join(bad["problems"])  # what is wrong, never the value
+    assert shown[1:] == calls[1:]  # the others as before
+    [step] = unreadable(steps.json())
+    assert (step["run_id"], step["step_index"]) == (run_id, 0)
+    assert all(p.startswith("decision") for p in step["problems"])
+
+    record = trace.json()
+    assert unreadable(record["tool_calls"]) == [bad]
+    assert unreadable(record["steps"]) == [step]
+    [approval] = unreadable(record["approvals"])
+    assert approval["approval_id"] == approval_id and approval["status"] == "mislaid"
+    assert set(approval) == {
+        "unreadable",
+        "problems",
+        "approval_id",
+        "run_id",
+        "tool_call_id",
+        "status",
+    }
+    assert record["run"]["state"] == "waiting_human" and record["events"]
