@@ -247,12 +247,20 @@ class Renderer:
             for row in rows
         ]
 
+    def unreadable(self, row: JSON, key: str) -> str:
+        """A row the server could not read: its key, its status as stored, and why."""
+        status = f" {row['status']}" if "status" in row else ""
+        return self.clip(f"  {key}{status} UNREADABLE: {'; '.join(row.get('problems') or [])}")
+
     def trace(self, trace: JSON) -> list[str]:
         s = self.sym
         run: JSON = trace.get("run") or {}
         lines = self.run_summary(run)
         lines += ["", "steps:"]
         for step in trace.get("steps") or []:
+            if step.get("unreadable"):
+                lines.append(self.unreadable(step, f"#{step.get('step_index')}"))
+                continue
             decision: JSON = step.get("decision") or {}
             calls = ", ".join(tool_ref(c) for c in decision.get("tool_calls") or [])
             what = f"{s['arrow']} {calls}" if calls else f"{s['arrow']} answer"
@@ -267,6 +275,9 @@ class Renderer:
             )
         lines += ["", "tool calls:"]
         for call in trace.get("tool_calls") or []:
+            if call.get("unreadable"):
+                lines.append(self.unreadable(call, str(call.get("tool_call_id"))))
+                continue
             flags = " side-effect" if call.get("side_effect") else ""
             flags += " compensated" if call.get("compensated") else ""
             lines.append(
@@ -281,6 +292,9 @@ class Renderer:
                 lines.append(self.clip(f"      output {compact(call['output'])}"))
         lines += ["", "approvals:"]
         for ap in trace.get("approvals") or []:
+            if ap.get("unreadable"):
+                lines.append(self.unreadable(ap, str(ap.get("approval_id"))))
+                continue
             decided = (
                 f" by {ap.get('decided_by')} at {ap.get('decided_at')}"
                 if ap.get("decided_by")

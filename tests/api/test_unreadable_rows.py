@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from server.client_render import ASCII, Renderer
 from tests.api.conftest import Api
 from tests.api.helpers import parked_demo_run
 
@@ -60,3 +61,8 @@ async def test_a_row_that_no_longer_validates_is_shown_marked(api: Api) -> None:
         "status",
     }
     assert record["run"]["state"] == "waiting_human" and record["events"]
+    # The CLI's trace shows them so, not as rows of "None"s.
+    text = "\n".join(Renderer(ASCII).trace(record))
+    assert f"  {broken} exploded UNREADABLE: status: Input should be" in text
+    assert f"  {approval_id} mislaid UNREADABLE: status: " in text
+    assert "  #0 UNREADABLE: decision" in text
