@@ -44,7 +44,7 @@ def test_the_schema_check_reads_the_stores_own_table(pg_base_url: str) -> None:
     """Along a search_path, another application's schema_version (a higher number, or
     Flyway's text versions) is not the store's: the store makes its own in the first
     schema, and a fresh deployment there must start."""
-    from server.cli import _reach_the_database
+    from server.preflight import reach_the_database
 
     own, other = (f"t_{uuid.uuid4().hex[:12]}" for _ in range(2))
     with psycopg.connect(pg_base_url, autocommit=True) as conn:
@@ -55,11 +55,11 @@ def test_the_schema_check_reads_the_stores_own_table(pg_base_url: str) -> None:
     try:
         sep = "&" if "?" in pg_base_url else "?"
         url = f"{pg_base_url}{sep}options={quote(f'-csearch_path={own},{other}')}"
-        _reach_the_database(Settings(database_url=url))  # not "version 42, newer"
+        reach_the_database(Settings(database_url=url))  # not "version 42, newer"
         with psycopg.connect(pg_base_url, autocommit=True) as conn:
             conn.execute(f"CREATE TABLE {own}.schema_version (version TEXT NOT NULL)")
             conn.execute(f"INSERT INTO {own}.schema_version VALUES ('4.1')")
-        _reach_the_database(Settings(database_url=url))  # not a TypeError
+        reach_the_database(Settings(database_url=url))  # not a TypeError
     finally:
         with psycopg.connect(pg_base_url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {own} CASCADE")
