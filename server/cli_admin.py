@@ -8,19 +8,37 @@ import asyncio
 import json
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server.cli_client import EXIT_ERROR as EXIT_USAGE
 from server.cli_client import EXIT_INTERRUPTED
 
+if TYPE_CHECKING:
+    from server.settings import Settings
+
 
 def run(
-    command: Callable[[argparse.Namespace], Coroutine[Any, Any, int]], args: argparse.Namespace
+    command: Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]],
+    args: argparse.Namespace,
 ) -> int:
     """Run a database command; Ctrl-C is exit 130, as for the client commands (what was
-    written stays written: each write is its own transaction)."""
+    written stays written: each write is its own transaction).
+
+    Every command here opens the store: its database is checked first as serve's and
+    worker's is, so that one it cannot open (a newer version's, a server not there) is
+    refused in one line before the store migrates or writes anything, not in the
+    store's traceback."""
+    from server.preflight import reach_the_database
+    from server.settings import Settings, one_line
+
+    settings = Settings()
     try:
-        return asyncio.run(command(args))
+        reach_the_database(settings)
+    except (ValueError, OSError) as exc:  # what it refuses with (ConnectionError too)
+        print(f"agent-runtime {args.command}: {one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return asyncio.run(command(args, settings))
     except KeyboardInterrupt:
         print(f"agent-runtime: {args.command} interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -29,12 +47,11 @@ def run(
 # -- keys ------------------------------------------------------------------------------
 
 
-async def keys(args: argparse.Namespace) -> int:
+async def keys(args: argparse.Namespace, settings: Settings) -> int:
     from runtime.backend import open_backend
     from server.auth.keys import create_key
-    from server.settings import Settings
 
-    backend = await open_backend(Settings().resolved_database_url)
+    backend = await open_backend(settings.resolved_database_url)
     try:
         store = backend.store
         if args.keys_command == "create":
@@ -115,18 +132,17 @@ async def keys(args: argparse.Namespace) -> int:
 # -- prune -----------------------------------------------------------------------------
 
 
-async def prune(args: argparse.Namespace) -> int:
+async def prune(args: argparse.Namespace, settings: Settings) -> int:
     from datetime import timedelta
 
     from runtime.backend import open_backend
     from runtime.model import utcnow
     from runtime.retention import prune as prune_runs
     from runtime.store.core import _iso
-    from server.settings import Settings
 
     cutoff = utcnow() - timedelta(days=args.older_than)
     when = _iso(cutoff)  # as the API writes times
-    backend = await open_backend(Settings().resolved_database_url)
+    backend = await open_backend(settings.resolved_database_url)
     try:
         if args.dry_run:
             count = await backend.store.count_ended_runs(cutoff)

@@ -272,6 +272,16 @@ def test_a_database_that_cannot_be_reached_is_said_in_one_line(tmp_path: Path, w
     assert "s3cret" not in done.stderr
 
 
+@pytest.mark.parametrize("command", [("keys", "list"), ("prune", "--older-than", "1")])
+def test_the_admin_commands_say_a_database_out_of_reach_in_one_line(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """As the server does (they waited out the pool's 10 s, then a traceback)."""
+    url = "postgresql://postgres@127.0.0.1:1/test"  # nothing listens there
+    done = agent_runtime(tmp_path, *command, AGENT_RUNTIME_DATABASE_URL=url)
+    assert_one_line_refusal(done, f"agent-runtime {command[0]}: cannot reach")
+
+
 @pytest.mark.parametrize("command", ["worker", "serve"])
 @pytest.mark.parametrize(
     ("env", "says"),
