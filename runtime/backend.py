@@ -8,6 +8,7 @@ from pathlib import Path
 
 import aiosqlite
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.store.base import BaseStore
 from langgraph.store.postgres.aio import AsyncPostgresStore
@@ -22,6 +23,14 @@ from runtime.store.postgres import (
     open_pool,
 )
 from runtime.store.sqlite import SqliteRunStore, close_quietly
+
+CHECKPOINT_SERDE = JsonPlusSerializer(allowed_msgpack_modules=[("runtime.errors", "Code")])
+"""LangGraph's serde, with the one type of ours that checkpoints hold: a failed outcome's
+``Code``, as versions before its code was a plain str wrote it (runtime.state.failed).
+Unlisted, LangGraph revives it with a warning that a future version will not, and under
+LANGGRAPH_STRICT_MSGPACK not at all (langgraph-checkpoint 4.3, serde/jsonplus.py's
+_create_msgpack_ext_hook). A list makes every other type not LangGraph's own
+unrevived: the state holds JSON values only (tests/api/test_checkpoint_values.py)."""
 
 
 @dataclass
@@ -53,7 +62,7 @@ async def open_backend(url: str, pool_size: int = 10) -> Backend:
             conn = await aiosqlite.connect(path)
             conns.append(conn)
             await conn.execute("PRAGMA busy_timeout=10000")
-            saver = AsyncSqliteSaver(conn)
+            saver = AsyncSqliteSaver(conn, serde=CHECKPOINT_SERDE)
             await saver.setup()
             # Its own connection: it commits under its own lock, like the saver.
             memory_conn = await aiosqlite.connect(path, isolation_level=None)
@@ -77,7 +86,7 @@ async def open_backend(url: str, pool_size: int = 10) -> Backend:
         pool = await open_pool(url, max_size=pool_size)
         try:
             pg_store = await PostgresRunStore.open(pool)
-            pg_saver = PooledPostgresSaver(pool)  # type: ignore[arg-type]
+            pg_saver = PooledPostgresSaver(pool, serde=CHECKPOINT_SERDE)  # type: ignore[arg-type]
             pg_memory = AsyncPostgresStore(pool)  # type: ignore[arg-type]
             async with advisory_lock(pool, CHECKPOINTER_SETUP_LOCK):
                 await pg_saver.setup()
