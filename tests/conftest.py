@@ -72,3 +72,24 @@ async def backend(database_url: str) -> AsyncIterator[object]:
         yield opened
     finally:
         await opened.close()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_in_a_checkpoint_unrevived() -> Iterator[None]:
+    """The runtime's checkpointers revive only the types they list
+    (runtime.backend.CHECKPOINT_SERDE): one a run's state holds unlisted comes back as
+    its bare payload, which no test would otherwise notice."""
+    from langgraph.checkpoint.serde.event_hooks import SerdeEvent, register_serde_event_listener
+
+    blocked: list[SerdeEvent] = []
+
+    def listen(event: SerdeEvent) -> None:
+        if "blocked" in event["kind"]:  # msgpack_blocked, msgpack_method_blocked
+            blocked.append(event)
+
+    unregister = register_serde_event_listener(listen)
+    try:
+        yield
+    finally:
+        unregister()
+    assert blocked == [], f"LangGraph did not revive these from a checkpoint: {blocked}"
