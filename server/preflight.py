@@ -83,13 +83,18 @@ def reach_the_database(settings: Settings) -> None:
 
 
 def _read_the_embedded_database(settings: Settings) -> None:
-    """The embedded file is SQLite's (a file not there yet is the store's to make)."""
+    """The embedded file is SQLite's (a file not there yet is the store's to make, in
+    a directory: not under a file)."""
     import sqlite3
 
     from runtime.backend import sqlite_path
     from server.settings import refused
 
     path = sqlite_path(settings.resolved_database_url)
+    # The store makes the directories it lacks, in a traceback where one is a file.
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise refused(settings.database_setting, f"{above} is not a directory")
     if not path.is_file() or path.stat().st_size == 0:  # (SQLite's, new or empty)
         return
     try:

@@ -273,13 +273,31 @@ def test_a_database_that_cannot_be_reached_is_said_in_one_line(tmp_path: Path, w
 
 
 @pytest.mark.parametrize("command", [("keys", "list"), ("prune", "--older-than", "1")])
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        # As the server does: they waited out the pool's 10 s, then a traceback.
+        ({"AGENT_RUNTIME_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/test"}, "cannot reach"),
+        # The store's mkdir of its directory under a file: a traceback.
+        (
+            {"AGENT_RUNTIME_DATABASE_URL": "sqlite:///FILE/runtime.db"},
+            "AGENT_RUNTIME_DATABASE_URL: FILE is not a directory",
+        ),
+        (
+            {"AGENT_RUNTIME_DATA_DIR": "FILE/data"},
+            "AGENT_RUNTIME_DATA_DIR: FILE is not a directory",
+        ),
+    ],
+)
 def test_the_admin_commands_say_a_database_out_of_reach_in_one_line(
-    tmp_path: Path, command: tuple[str, ...]
+    tmp_path: Path, command: tuple[str, ...], env: dict[str, str], says: str
 ) -> None:
-    """As the server does (they waited out the pool's 10 s, then a traceback)."""
-    url = "postgresql://postgres@127.0.0.1:1/test"  # nothing listens there
-    done = agent_runtime(tmp_path, *command, AGENT_RUNTIME_DATABASE_URL=url)
-    assert_one_line_refusal(done, f"agent-runtime {command[0]}: cannot reach")
+    file = tmp_path / "file"
+    file.write_text("not a directory")
+    env = {name: value.replace("FILE", str(file)) for name, value in env.items()}
+    done = agent_runtime(tmp_path, *command, **env)
+    assert_one_line_refusal(done, f"agent-runtime {command[0]}: " + says.replace("FILE", str(file)))
+    assert file.read_text() == "not a directory"
 
 
 @pytest.mark.parametrize("command", ["worker", "serve"])
