@@ -1,0 +1,168 @@
+"""A run's failure whose recording meets a database blip once: the write of ``failed``
+refused one time and taken the next, as a failover or a dropped connection would.
+
+The run must end as the failure it was (its code, its record: approval_result events
+for its approvals, error, state), not be left in between.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, cast
+
+import psycopg
+import pytest
+
+from graphs.run_graph import build_run_graph
+from runtime.agent import AgentSpec
+from runtime.errors import Code
+from runtime.lifecycle import State
+from runtime.model import Decision, ProposedCall, RunCreate
+from runtime.planner import PlannerView
+from runtime.policy import DefaultPolicy
+from runtime.store.sqlite import SqliteRunStore
+from server.host import Host, open_host
+from server.settings import Settings
+from tests.agents import ScriptPlanner, build_tools, counter_lines
+from tests.unit.test_unrecordable_failure import ended
+
+MAX_FAILURES = 3
+RETRY_S = 0.05
+
+
+def counted_then_wired(view: PlannerView) -> Decision:
+    """A counter (compensable), then a wire a human must approve: a run that parks with
+    an effect a cancel can undo."""
+    args: dict[str, object]
+    if not view.observations:
+        tool, args = "counter", {"label": "first"}
+    elif len(view.observations) == 1:
+        tool, args = "wire", {"amount": 9, "hold_s": 0}
+    else:
+        return Decision(kind="finish", summary="done", answer="wired")
+    return Decision(
+        kind="tool_calls", summary=f"call {tool}", tool_calls=[ProposedCall(tool=tool, args=args)]
+    )
+
+
+def build_agents(settings: Settings) -> list[AgentSpec]:
+    tools = build_tools(settings.data_dir)
+    return [
+        AgentSpec(
+            agent_id="counted_then_wired",
+            description="counter, then a wire",
+            builder=build_run_graph(ScriptPlanner(counted_then_wired), tools, DefaultPolicy()),
+            tools=tools,
+        )
+    ]
+
+
+@pytest.fixture
+async def host(database_url: str, data_dir: Path) -> AsyncIterator[Host]:
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        extra_agents=["tests.agents:build_agents", f"{__name__}:build_agents"],
+        max_drive_failures=MAX_FAILURES,
+        drive_retry_seconds=RETRY_S,
+    )
+    async with open_host(settings) as opened:
+        yield opened
+
+
+def moving_to(state: State) -> str:
+    """SQL: a write that moves the run to ``state``."""
+    return f"NEW.state = '{state.value}' AND OLD.state <> '{state.value}'"
+
+
+async def refuse(
+    host: Host, database_url: str, name: str, when: str, times: int, table: str = "runs"
+) -> None:
+    """The database refuses the first ``times`` updates of ``table`` that ``when`` (SQL on
+    NEW and OLD) holds for, with the error of a database away for a moment (an
+    OperationalError, as a failover's or a full disk's), then takes them."""
+    if database_url.startswith("sqlite:///"):
+        left = itertools.count(times, -1)
+
+        def refusing() -> int:
+            if next(left) > 0:
+                raise sqlite3.OperationalError("disk I/O error")
+            return 0
+
+        # On the store's own connection, which alone writes runs and their calls: a
+        # temporary trigger may call a function that connection has.
+        conn = cast(SqliteRunStore, host.store)._conn._conn
+        conn.create_function(f"{name}_once", 0, refusing)
+        conn.execute(
+            f"CREATE TEMP TRIGGER {name} BEFORE UPDATE ON main.{table} WHEN {when} "
+            f"BEGIN SELECT {name}_once(); END"
+        )
+        return
+    # A sequence, not a table: a refusal rolls back its transaction, not nextval.
+    with psycopg.connect(database_url, autocommit=True) as pg:
+        pg.execute(f"CREATE SEQUENCE {name}_seq")
+        pg.execute(
+            f"""CREATE FUNCTION {name}() RETURNS trigger AS $$
+            BEGIN
+                IF {when} AND nextval('{name}_seq') <= {times} THEN
+                    RAISE EXCEPTION 'could not write to file' USING ERRCODE = 'disk_full';
+                END IF;
+                RETURN NEW;
+            END $$ LANGUAGE plpgsql"""
+        )
+        each = f"FOR EACH ROW EXECUTE FUNCTION {name}()"
+        pg.execute(f"CREATE TRIGGER {name} BEFORE UPDATE ON {table} {each}")
+
+
+def record(events: list[Any]) -> list[tuple[str, Any]]:
+    """The events that say how the run ended, in order: approvals decided, errors, the
+    state changes from executing on."""
+    kept = []
+    for e in events:
+        if e.type == "approval_result":
+            kept.append((e.type, (e.data["decision"], e.data["decided_by"])))
+        elif e.type == "error":
+            kept.append((e.type, e.data["code"]))
+        elif e.type == "state" and e.data["to"] in ("waiting_human", "failed", "succeeded"):
+            kept.append((e.type, e.data["to"]))
+    return kept
+
+
+@pytest.mark.parametrize("compensate", [False, True])
+async def test_a_cancel_of_a_parked_run_whose_failure_fails_once_ends_cancelled(
+    host: Host, database_url: str, data_dir: Path, compensate: bool
+) -> None:
+    """A run parked on an approval is cancelled; the write of ``failed`` is refused
+    once. The cancel's drive is retried and ends the run as the cancel: RUN_CANCELLED,
+    its compensation run once and listed, its approval expired once."""
+    run, _ = await host.engine.create_run(RunCreate(agent_id="counted_then_wired", input="x"))
+    parked = await host.engine.wait_settled(run.run_id, within_s=30)
+    assert parked.state is State.WAITING_HUMAN and parked.pending_approval is not None
+    [counted] = await host.store.list_tool_calls(run.run_id)
+    await refuse(host, database_url, "blip", moving_to(State.FAILED), 1)
+
+    await host.engine.cancel(run.run_id, "stop", compensate=compensate, wait_s=0)
+    final = await ended(host, run.run_id, within_s=30)
+    await host.engine.wait_settled(run.run_id, within_s=10)
+
+    assert final.state is State.FAILED
+    assert final.outcome is not None and final.outcome.code is Code.RUN_CANCELLED
+    assert final.outcome.side_effects == [counted.tool_call_id]
+    assert final.outcome.compensations == ([counted.tool_call_id] if compensate else [])
+    assert final.pending_approval is None
+    undone = [line for line in counter_lines(data_dir) if line.endswith("undo")]
+    assert len(undone) == (1 if compensate else 0)
+    approval = await host.store.get_approval(parked.pending_approval.approval_id)
+    assert approval is not None and approval.status == "expired"
+    events = await host.store.list_events(run.run_id)
+    assert record(events)[-4:] == [
+        ("state", "waiting_human"),
+        ("approval_result", ("expired", "runtime")),
+        ("error", "RUN_CANCELLED"),
+        ("state", "failed"),
+    ]
+    lease = await host.store.lease_of(run.run_id)
+    assert lease is not None and not lease["needs_drive"] and lease["lease_owner"] is None
