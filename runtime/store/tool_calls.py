@@ -13,6 +13,12 @@ from runtime.store.core import StoreCore, _dec, _enc_col, _ts
 from runtime.store.records import tool_call_rows
 
 
+def closed_as(code: Code) -> str:
+    """The status of a call a run stopped with ``code`` leaves running: its effect is
+    unknown (``unknown`` where that is why the run stopped; ``cancelled`` otherwise)."""
+    return "unknown" if code is Code.TOOL_OUTCOME_UNKNOWN else "cancelled"
+
+
 class ToolCallQueries(StoreCore):
     """The ledger: the truth about side effects (DESIGN §7)."""
 
@@ -122,9 +128,8 @@ class ToolCallQueries(StoreCore):
         return ToolCall.model_validate(_dec(row)) if row else None
 
     async def interrupt_running_calls(self, run_id: str, code: Code, message: str) -> None:
-        """Close the ledger rows a stopped run leaves ``running``: their effect is unknown
-        (``unknown`` where that is why the run stopped; ``cancelled`` otherwise)."""
-        status = "unknown" if code is Code.TOOL_OUTCOME_UNKNOWN else "cancelled"
+        """Close the ledger rows a stopped run leaves ``running`` (see :func:`closed_as`)."""
+        status = closed_as(code)
         for row in await self.list_tool_calls(run_id):
             if row.status == "running":
                 error = {"code": code, "message": message}

@@ -1,17 +1,18 @@
-"""The last resort of a run whose failure cannot be recorded: ended without reading
-the rows that no longer validate."""
+"""Ending a run as failed in one transaction: what its failure closes (its running
+calls, its pending approvals) with the state change; and the last resort of a run whose
+failure cannot be recorded, ended so without reading the rows that no longer validate."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.errors import CODES, Code, Recovery, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger
 from runtime.model import Outcome
-from runtime.store.core import StoreCore, _enc_col, _ts
+from runtime.store.core import Row, StoreCore, _enc_col, _ts
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ class _Ended(Exception):
 
 
 class UnreadFailures(StoreCore):
-    """Failing a run unread."""
+    """Failing a run in one transaction, read or unread."""
 
     async def fail_unread(
         self, run_id: str, code: Code, message: str, trigger_for: Callable[[State], Trigger]
@@ -68,6 +69,40 @@ class UnreadFailures(StoreCore):
             "code": Code.TOOL_OUTCOME_UNKNOWN.value,
             "message": f"the run ended ({code}) while the call ran: it may have happened",
         }
+        return await self.end_failed(
+            run_id,
+            trigger_for,
+            expect=None,
+            calls=("unknown", unread_error),
+            comment=comment,
+            events=[(EventType.ERROR, error)],
+            fields={"outcome": outcome, "pending_approval": None},
+        )
+
+    async def end_failed(
+        self,
+        run_id: str,
+        trigger_for: Callable[[State], Trigger],
+        *,
+        expect: State | None,
+        calls: tuple[str, dict[str, Any]],
+        comment: str,
+        events: Sequence[tuple[EventType, dict[str, Any]]],
+        fields: dict[str, Any],
+    ) -> bool:
+        """End the run as failed, in one transaction under the view's lease fence: its
+        calls left ``running`` closed (``calls``: their status and error), each with its
+        ``result`` event; its pending approvals expired (``comment``), each with its
+        ``approval_result`` event; then ``events`` and the state event to failed
+        (``trigger_for``: the trigger from the state the run is in), with ``fields``.
+        False if the run had ended already; RUN_STATE_CONFLICT if it is not in ``expect``.
+
+        One transaction, because what it closes is read by a graph that goes on: were
+        the approvals expired and the state change then lost (a database blip, a worker
+        killed), the drive that retries resumes the graph, which reads an expired
+        approval as a human's rejection (a call closed, as having run), and goes on.
+        """
+        status, error = calls
         try:
             async with self.tx() as tx:
                 # The approvals first, as decide_approval locks them, and on the inner
@@ -76,17 +111,17 @@ class UnreadFailures(StoreCore):
                 expired = await tx.inner.fetchall(
                     "UPDATE approvals SET status = 'expired', decided_by = 'runtime', "
                     "comment = ?, decided_at = ? WHERE run_id = ? AND status = 'pending' "
-                    "RETURNING approval_id, tool_call_id",
+                    "RETURNING approval_id, tool_call_id, created_at",
                     (comment, _ts(), run_id),
                 )
                 # The same way, and before the run's lock (as update_tool_call takes them):
                 # left running, the next reader would take a call of an ended run as one
                 # still under way.
                 closed = await tx.inner.fetchall(
-                    "UPDATE tool_calls SET status = 'unknown', error = ?, updated_at = ? "
+                    "UPDATE tool_calls SET status = ?, error = ?, updated_at = ? "
                     "WHERE run_id = ? AND status = 'running' "
-                    "RETURNING tool_call_id, tool, artifact_id",
-                    (_enc_col("error", unread_error), _ts(), run_id),
+                    "RETURNING tool_call_id, tool, artifact_id, step_index, call_index",
+                    (status, _enc_col("error", error), _ts(), run_id),
                 )
                 row = await self._lock_run(tx, run_id, "state")
                 if row is None:
@@ -94,21 +129,26 @@ class UnreadFailures(StoreCore):
                 current = State(row["state"])
                 if current in TERMINAL:
                     raise _Ended  # undoes the two updates: whatever ended it closed them
+                if expect is not None and current is not expect:
+                    raise RuntimeProblem(
+                        Code.RUN_STATE_CONFLICT, f"run is {current.value}, not {expect.value}"
+                    )
                 trigger = trigger_for(current)
                 if (current, trigger) not in TRANSITIONS:
-                    # Only a run that never started (see fail_run): through planning.
+                    # Only a run that never started lacks the trigger (pending has no
+                    # plan_error): it passes through planning, as every run does.
                     await self._transition(tx, run_id, Trigger.START, current, (), {})
                     current = State.PLANNING
                     trigger = trigger_for(current)
-                # As fail_run writes them: the calls' results, then the approvals'.
-                results = [*_unknown_results(closed, unread_error), *_expired(expired, comment)]
+                # The calls' results, then the approvals', then the failure's own.
+                results = [*_results(closed, status, error), *_expired(expired, comment)]
                 await self._transition(
                     tx,
                     run_id,
                     trigger,
                     current,
-                    [*results, (EventType.ERROR, error)],
-                    {"outcome": outcome, "pending_approval": None},
+                    [*results, *events],
+                    fields,
                     to=State.FAILED,
                 )
         except _Ended:
@@ -134,28 +174,29 @@ class UnreadFailures(StoreCore):
             return None
 
 
-def _unknown_results(
-    closed: list[dict[str, Any]], error: dict[str, Any]
+def _results(
+    closed: list[Row], status: str, error: dict[str, Any]
 ) -> list[tuple[EventType, dict[str, Any]]]:
-    """The ``result`` events of calls closed ``unknown`` unread (see ``result_event``)."""
+    """The ``result`` events of calls closed ``status`` (see ``result_event``: a call
+    left running has no output), in the ledger's order (RETURNING has none)."""
     return [
         (
             EventType.RESULT,
             {
                 "tool_call_id": c["tool_call_id"],
                 "tool": c["tool"],
-                "status": "unknown",
+                "status": status,
                 "output": None,
                 "artifact_id": c["artifact_id"],
                 "error": error,
             },
         )
-        for c in closed
+        for c in sorted(closed, key=lambda c: (c["step_index"], c["call_index"]))
     ]
 
 
-def _expired(expired: list[dict[str, Any]], comment: str) -> list[tuple[EventType, dict[str, Any]]]:
-    """The ``approval_result`` events of approvals expired unread."""
+def _expired(expired: list[Row], comment: str) -> list[tuple[EventType, dict[str, Any]]]:
+    """The ``approval_result`` events of approvals expired, oldest first."""
     return [
         (
             EventType.APPROVAL_RESULT,
@@ -167,5 +208,5 @@ def _expired(expired: list[dict[str, Any]], comment: str) -> list[tuple[EventTyp
                 "comment": comment,
             },
         )
-        for a in expired
+        for a in sorted(expired, key=lambda a: (str(a["created_at"]), a["approval_id"]))
     ]
