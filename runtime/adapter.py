@@ -16,6 +16,7 @@ from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger, forward_trigger
 from runtime.model import Outcome, PendingApproval, Run
 from runtime.store.base import RunStore, iterate_events
+from runtime.store.tool_calls import closed_as
 
 log = logging.getLogger(__name__)
 
@@ -154,16 +155,6 @@ async def _fail_run(
         return run
     await store.interrupt_running_calls(run_id, code, message)
     unanswered = await open_handoff_results(store, run_id, code, message)
-    for approval in await store.list_approvals(run_id=run_id, status="pending"):
-        await store.decide_approval(
-            approval.approval_id, "expired", decided_by="runtime", comment=f"run ended: {code}"
-        )
-    trigger = failure_trigger(code, run.state)
-    if (run.state, trigger) not in TRANSITIONS:
-        # Only a run that never started lacks the trigger (pending has no plan_error):
-        # it passes through planning, as every run does, and fails there.
-        run = await store.transition(run_id, Trigger.START, expect=run.state)
-        trigger = failure_trigger(code, run.state)
     happened, compensated = await side_effects(store, run_id)
     outcome = Outcome(
         status="failed",
@@ -181,16 +172,19 @@ async def _fail_run(
     if tool_call_id is not None:
         error["tool_call_id"] = tool_call_id
     progress: dict[str, Any] = {} if usage is None else {"usage": usage}
-    return await store.transition(
+    # One transaction (RunStore.end_failed): what the failure closes, its approvals
+    # expired above all, must not outlast a state change that did not happen.
+    await store.end_failed(
         run_id,
-        trigger,
+        lambda now: failure_trigger(code, now),
         expect=run.state,
+        calls=(closed_as(code), {"code": code.value, "message": message}),
+        comment=f"run ended: {code}",
         events=[*unanswered, (EventType.ERROR, error)],
-        to=State.FAILED,
-        outcome=outcome,
-        pending_approval=None,
-        **progress,
+        fields={"outcome": outcome, "pending_approval": None, **progress},
     )
+    # As it ended: failed here, or by whatever else ended it meanwhile.
+    return await store.get_run(run_id)
 
 
 class Adapter:

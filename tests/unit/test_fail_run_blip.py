@@ -2,11 +2,15 @@
 refused one time and taken the next, as a failover or a dropped connection would.
 
 The run must end as the failure it was (its code, its record: approval_result events
-for its approvals, error, state), not be left in between.
+for its approvals, error, state), not be left in between: before the failure's writes
+were one transaction, its approvals were expired before the write that failed, and the
+drive that retried resumed the graph, whose approval node read the expired approval as
+a human's rejection and went on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import sqlite3
 from collections.abc import AsyncIterator
@@ -23,11 +27,12 @@ from runtime.lifecycle import State
 from runtime.model import Decision, ProposedCall, RunCreate
 from runtime.planner import PlannerView
 from runtime.policy import DefaultPolicy
+from runtime.retry import DriveRetry, after_failed_drive
 from runtime.store.sqlite import SqliteRunStore
 from server.host import Host, open_host
 from server.settings import Settings
 from tests.agents import ScriptPlanner, build_tools, counter_lines
-from tests.unit.test_unrecordable_failure import ended
+from tests.unit.test_unrecordable_failure import approve, ended, parked_on_its_second_wire
 
 MAX_FAILURES = 3
 RETRY_S = 0.05
@@ -129,6 +134,88 @@ def record(events: list[Any]) -> list[tuple[str, Any]]:
         elif e.type == "state" and e.data["to"] in ("waiting_human", "failed", "succeeded"):
             kept.append((e.type, e.data["to"]))
     return kept
+
+
+async def test_a_failure_at_the_drive_limit_whose_write_fails_once_ends_the_run(
+    host: Host, database_url: str
+) -> None:
+    """Its first wire approved, the run goes on to its second and parks for it: the
+    database refuses the park, drive after drive; at the limit the run is failed, and
+    that write is refused once too. The drive that follows meets the park refused once
+    more and fails the run: CHECKPOINT_ERROR, the second wire's approval expired once,
+    the wire never run. (It was read as a human's rejection instead, and replanned into
+    a run that succeeded.)"""
+    run, _ = await host.engine.create_run(RunCreate(agent_id="double_wirer", input="x"))
+    parked = await host.engine.wait_settled(run.run_id, within_s=30)
+    assert parked.state is State.WAITING_HUMAN
+    await refuse(host, database_url, "parks", moving_to(State.WAITING_HUMAN), MAX_FAILURES + 1)
+    await refuse(host, database_url, "fails", moving_to(State.FAILED), 1)
+
+    await approve(host, parked)
+    final = await ended(host, run.run_id, within_s=30)
+    await host.engine.wait_settled(run.run_id, within_s=10)
+
+    events = await host.store.list_events(run.run_id)
+    assert final.state is State.FAILED, record(events)
+    assert final.outcome is not None and final.outcome.code is Code.CHECKPOINT_ERROR
+    calls = await host.store.list_tool_calls(run.run_id)
+    assert [(c.tool, c.status) for c in calls] == [("wire", "succeeded")]
+    assert final.outcome.side_effects == [calls[0].tool_call_id]
+    approvals = await host.store.list_approvals(run_id=run.run_id)
+    assert [a.status for a in approvals] == ["approved", "expired"]
+    assert record(events)[-4:] == [
+        ("approval_result", ("approved", "u-mgr")),
+        ("approval_result", ("expired", "runtime")),
+        ("error", "CHECKPOINT_ERROR"),
+        ("state", "failed"),
+    ]
+
+
+async def test_a_failure_after_failed_drives_whose_write_fails_once_leaves_the_approval(
+    host: Host, database_url: str
+) -> None:
+    """At the limit of drives failing on the database, fail_run's write of ``failed``
+    is refused once: handed back, the run is still parked on its approval, pending, for
+    a human to decide; the drive that follows parks it again rather than resume the
+    graph with the approval expired (which read it as rejected and replanned: the run
+    then succeeded without the wire a human never saw decided)."""
+    parked, _ = await parked_on_its_second_wire(host)
+    assert parked.pending_approval is not None
+    approval_id = parked.pending_approval.approval_id
+    version = await host.store.take_lease(parked.run_id, "w1", 30.0)
+    assert version is not None
+    view = host.store.fenced(parked.run_id, version)
+    await refuse(host, database_url, "blip", moving_to(State.FAILED), 1)
+    retry = DriveRetry(max_failures=MAX_FAILURES)
+    full = sqlite3.OperationalError("database or disk is full")
+
+    delay = await after_failed_drive(view, parked.run_id, MAX_FAILURES, full, retry)
+    assert delay == retry.delay(MAX_FAILURES)
+    # Handed back as the engine does after a failed drive: driven again.
+    await host.store.release_lease(
+        parked.run_id, "w1", version, needs_drive=None, retry_in=RETRY_S, failures=MAX_FAILURES
+    )
+    host.engine.wake()
+    async with asyncio.timeout(30):
+        while True:  # until a drive has taken it and let it go
+            lease = await host.store.lease_of(parked.run_id)
+            assert lease is not None
+            if not lease["needs_drive"] and lease["lease_owner"] is None:
+                break
+            await asyncio.sleep(0.02)
+    settled = await host.engine.wait_settled(parked.run_id, within_s=30)
+
+    approval = await host.store.get_approval(approval_id)
+    events = await host.store.list_events(parked.run_id)
+    assert approval is not None and approval.status == "pending", record(events)
+    assert settled.state is State.WAITING_HUMAN, settled.outcome
+    assert not [
+        e for e in events if e.type == "approval_result" and e.data["decision"] == "expired"
+    ]
+    # A human still decides it, and the run goes on as approved.
+    await approve(host, settled)
+    final = await ended(host, parked.run_id, within_s=30)
+    assert final.state is State.SUCCEEDED, final.outcome
 
 
 @pytest.mark.parametrize("compensate", [False, True])
