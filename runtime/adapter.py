@@ -14,7 +14,7 @@ from typing import Any
 from runtime.errors import CODES, Code, Recovery, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger, forward_trigger
-from runtime.model import Outcome, PendingApproval, Run
+from runtime.model import Outcome, PendingApproval, Run, ToolCall
 from runtime.store.base import RunStore, iterate_events
 from runtime.store.tool_calls import closed_as
 
@@ -42,7 +42,11 @@ def failure_trigger(code: Code, current: State) -> Trigger:
 
 async def side_effects(store: RunStore, run_id: str) -> tuple[list[str], list[str]]:
     """(side-effecting tool calls that happened or may have, those compensated)."""
-    rows = await store.list_tool_calls(run_id)
+    return effects_of(await store.list_tool_calls(run_id))
+
+
+def effects_of(rows: list[ToolCall]) -> tuple[list[str], list[str]]:
+    """:func:`side_effects` of ledger ``rows``."""
     maybe = (Code.TOOL_UNAVAILABLE.value, Code.TOOL_FAILED.value)
     happened = [
         r.tool_call_id
@@ -153,9 +157,16 @@ async def _fail_run(
     run = await store.get_run(run_id)
     if run is None or run.state in TERMINAL:
         return run
-    await store.interrupt_running_calls(run_id, code, message)
     unanswered = await open_handoff_results(store, run_id, code, message)
-    happened, compensated = await side_effects(store, run_id)
+    # Its calls left running are closed with the failure, in its transaction: the
+    # outcome counts them as they will be (only the lease holder writes the ledger).
+    closing = closed_as(code)
+    why = {"code": code.value, "message": message}
+    rows = [
+        r.model_copy(update={"status": closing, "error": why}) if r.status == "running" else r
+        for r in await store.list_tool_calls(run_id)
+    ]
+    happened, compensated = effects_of(rows)
     outcome = Outcome(
         status="failed",
         code=code,
@@ -178,7 +189,7 @@ async def _fail_run(
         run_id,
         lambda now: failure_trigger(code, now),
         expect=run.state,
-        calls=(closed_as(code), {"code": code.value, "message": message}),
+        calls=(closing, why),
         comment=f"run ended: {code}",
         events=[*unanswered, (EventType.ERROR, error)],
         fields={"outcome": outcome, "pending_approval": None, **progress},

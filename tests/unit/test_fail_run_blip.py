@@ -32,6 +32,7 @@ from runtime.store.sqlite import SqliteRunStore
 from server.host import Host, open_host
 from server.settings import Settings
 from tests.agents import ScriptPlanner, build_tools, counter_lines
+from tests.unit.test_reconcile_unanswered import left_mid_transfer, settings_for
 from tests.unit.test_unrecordable_failure import approve, ended, parked_on_its_second_wire
 
 MAX_FAILURES = 3
@@ -253,3 +254,29 @@ async def test_a_cancel_of_a_parked_run_whose_failure_fails_once_ends_cancelled(
     ]
     lease = await host.store.lease_of(run.run_id)
     assert lease is not None and not lease["needs_drive"] and lease["lease_owner"] is None
+
+
+async def test_a_call_whose_outcome_is_unknown_ends_the_run_so_through_a_blip(
+    database_url: str, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transfer left running by a host that stopped, whose tool's reconcile never
+    answers: at the limit of drives failing on it the run is failed TOOL_OUTCOME_UNKNOWN,
+    and that write is refused once. The drive that follows finds the call still running,
+    asks again, and fails the run so: not with the call closed ``unknown`` by a failure
+    that was not recorded, which the graph, resumed, took for a question for a human
+    and parked the run on it."""
+    settings = settings_for(database_url, data_dir)
+    run_id = await left_mid_transfer(settings, monkeypatch)
+    async with open_host(settings) as host:
+        await refuse(host, database_url, "blip", moving_to(State.FAILED), 1)
+        final = await host.engine.wait_settled(run_id, within_s=60)
+        [call] = await host.store.list_tool_calls(run_id)
+        events = await host.store.list_events(run_id)
+
+    assert final.state is State.FAILED, record(events)
+    assert final.outcome is not None and final.outcome.code is Code.TOOL_OUTCOME_UNKNOWN
+    assert call.status == "unknown" and call.attempts == 1
+    assert final.outcome.side_effects == [call.tool_call_id]
+    results = [e.data for e in events if e.type == "result"]
+    assert [(r["tool_call_id"], r["status"]) for r in results] == [(call.tool_call_id, "unknown")]
+    assert record(events)[-2:] == [("error", "TOOL_OUTCOME_UNKNOWN"), ("state", "failed")]

@@ -18,10 +18,8 @@ from server.settings import Settings
 from tests.agents import transfer_lines
 
 
-async def test_a_reconcile_that_never_answers_fails_the_run_with_the_call_unknown(
-    database_url: str, data_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    settings = Settings(
+def settings_for(database_url: str, data_dir: Path) -> Settings:
+    return Settings(
         data_dir=data_dir,
         database_url=database_url,
         extra_agents=["tests.agents:build_agents"],
@@ -29,6 +27,12 @@ async def test_a_reconcile_that_never_answers_fails_the_run_with_the_call_unknow
         drive_retry_seconds=0.05,
         shutdown_grace_s=0,  # the first host hands the run back mid-transfer
     )
+
+
+async def left_mid_transfer(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A run whose host stopped while its transfer ran, the call left running; the
+    host opened next has that tool's transfer time out fast and its reconcile never
+    answer."""
     async with open_host(settings) as host:
         # The effect lands as the transfer ends, which it does not before the shutdown.
         run, _ = await host.engine.create_run(RunCreate(agent_id="transferrer", input="last 60"))
@@ -37,17 +41,24 @@ async def test_a_reconcile_that_never_answers_fails_the_run_with_the_call_unknow
                 if await host.store.list_tool_calls(run.run_id):
                     break
                 await asyncio.sleep(0.02)
-    [left] = await _calls(settings, run.run_id)
-    assert left.status == "running" and transfer_lines(data_dir) == []
-
-    # The tools are built as a host opens: this one's transfer times out fast and its
-    # reconcile never answers.
+    # The tools are built as a host opens.
     monkeypatch.setenv("TEST_TRANSFER_TIMEOUT_S", "0.2")
     monkeypatch.setenv("TEST_RECONCILE_S", "3600")
+    return run.run_id
+
+
+async def test_a_reconcile_that_never_answers_fails_the_run_with_the_call_unknown(
+    database_url: str, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = settings_for(database_url, data_dir)
+    run_id = await left_mid_transfer(settings, monkeypatch)
+    [left] = await _calls(settings, run_id)
+    assert left.status == "running" and transfer_lines(data_dir) == []
+
     async with open_host(settings) as host:
-        final = await host.engine.wait_settled(run.run_id, within_s=60)
-        [call] = await host.store.list_tool_calls(run.run_id)
-        events = await host.store.list_events(run.run_id)
+        final = await host.engine.wait_settled(run_id, within_s=60)
+        [call] = await host.store.list_tool_calls(run_id)
+        events = await host.store.list_events(run_id)
 
     assert final.state is State.FAILED and final.outcome is not None
     assert final.outcome.code is Code.TOOL_OUTCOME_UNKNOWN, final.outcome
