@@ -12,11 +12,25 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from pydantic import BaseModel
+
+from runtime.model import Event, Run
 from runtime.store.base import RunStore, event_pages
-from runtime.store.records import RunRecord
+from runtime.store.records import RunRecord, ShownApproval, ShownStep, ShownToolCall
 from server.api.redaction import RunTools, redact_steps, redact_tool_calls
 
 EVENTS_PER_CHUNK = 1000
+
+
+class Trace(BaseModel):
+    """The full ordered audit record of a run."""
+
+    run: Run
+    steps: list[ShownStep]
+    tool_calls: list[ShownToolCall]
+    approvals: list[ShownApproval]
+    """A row that no longer validates shows in its unreadable form (``unreadable: true``)."""
+    events: list[Event]
 
 
 def _json(value: Any) -> str:

@@ -86,8 +86,7 @@ async def test_the_event_log_pages_by_seq(api: Api) -> None:
 
 async def test_the_trace_is_the_whole_record_however_long(api: Api) -> None:
     from runtime.events import EventType
-    from server.api.routes.runs import Trace
-    from server.api.trace import EVENTS_PER_CHUNK
+    from server.api.trace import EVENTS_PER_CHUNK, Trace
 
     run_id, _, _ = await parked_demo_run(api)
     store = api.engine_services.store

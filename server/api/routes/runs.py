@@ -24,7 +24,7 @@ from runtime.model import (
     Usage,
 )
 from runtime.planner import Observation
-from runtime.store.records import ShownApproval, ShownStep, ShownToolCall
+from runtime.store.records import ShownStep, ShownToolCall
 from server.api.deps import (
     EngineDep,
     PrincipalDep,
@@ -43,7 +43,7 @@ from server.api.openapi import (
 )
 from server.api.paging import next_link
 from server.api.redaction import RunTools, redact_steps, redact_tool_calls
-from server.api.trace import trace_body, trace_head
+from server.api.trace import Trace, trace_body, trace_head
 from server.api.waiting import (
     PREFER_WAIT,
     VARY,
@@ -67,17 +67,6 @@ class CancelRequest(Strict):
     reason: str = Field(default="cancelled by request", max_length=2000)
     compensate: bool = False
     """Also run the declared compensations of side effects that already happened."""
-
-
-class Trace(BaseModel):
-    """The full ordered audit record of a run."""
-
-    run: Run
-    steps: list[ShownStep]
-    tool_calls: list[ShownToolCall]
-    approvals: list[ShownApproval]
-    """A row that no longer validates shows in its unreadable form (``unreadable: true``)."""
-    events: list[Event]
 
 
 _CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
