@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.lifecycle import TERMINAL, State
-from runtime.model import ToolCall
+
+if TYPE_CHECKING:  # runtime.model's Event checks its type against this vocabulary
+    from runtime.model import ToolCall
 
 
 class EventType(StrEnum):

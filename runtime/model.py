@@ -8,6 +8,7 @@ from typing import Any, Final, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runtime.errors import Code
+from runtime.events import EventType
 from runtime.lifecycle import State
 from runtime.storable import reject_unstorable
 
@@ -323,9 +324,20 @@ class Artifact(BaseModel):
 class Event(BaseModel):
     run_id: str
     seq: int
-    type: str
+    type: EventType
+    """The fixed vocabulary's: a stored type outside it is not an event anyone can read
+    (and must not reach an SSE ``event:`` line as it is)."""
     ts: datetime
     data: dict[str, Any]
+
+
+class UnreadableEvent(Unreadable):
+    """An event that no longer validates: its keys and type as stored, not its data."""
+
+    run_id: str
+    seq: int
+    type: str
+    """As stored: not necessarily one of the vocabulary's."""
 
 
 class Page(BaseModel, Generic[T]):

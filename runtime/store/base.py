@@ -38,7 +38,7 @@ from runtime.store.core import (
     event_of,
 )
 from runtime.store.leases import LeaseQueries
-from runtime.store.records import RecordQueries, step_rows
+from runtime.store.records import RecordQueries, event_rows, log_pages, step_rows
 from runtime.store.retention import RetentionQueries
 from runtime.store.tool_calls import ToolCallQueries
 from runtime.store.unread import UnreadFailures
@@ -374,11 +374,7 @@ class RunStore(
 
     async def list_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[Event]:
         async with self.read() as tx:
-            rows = await tx.fetchall(
-                "SELECT run_id, seq, type, ts, data FROM events WHERE run_id = ? AND seq > ? "
-                "ORDER BY seq LIMIT ?",
-                (run_id, after, limit),
-            )
+            rows = await event_rows(tx, run_id, after, limit)
         return [event_of(r) for r in rows]
 
     # -- steps ----------------------------------------------------------------
@@ -454,19 +450,12 @@ def tenant_limit(max_active: int) -> RuntimeProblem:
     )
 
 
-async def event_pages(
+def event_pages(
     store: RunStore, run_id: str, after: int, limit: int = 1000, *, through: int | None = None
 ) -> AsyncIterator[list[Event]]:
     """The run's log after ``after`` (and up to ``through``), a page of at most
-    ``limit`` events at a time."""
-    while through is None or after < through:
-        batch = await store.list_events(run_id, after, limit=limit)
-        if through is not None:
-            batch = [event for event in batch if event.seq <= through]
-        if not batch:
-            return
-        yield batch
-        after = batch[-1].seq
+    ``limit`` events at a time; an event that no longer validates raises."""
+    return log_pages(store.list_events, run_id, after, limit, through)
 
 
 async def iterate_events(store: RunStore, run_id: str, after: int) -> AsyncIterator[Event]:

@@ -12,24 +12,27 @@ whole run meanwhile: the trace then ends without closing its JSON.
 What the audit surface shows of a row that no longer validates (a value an older
 version stored, a hand edit) is its :class:`runtime.model.Unreadable` form: one such
 row must not hide the rest of the record (a 500), least of all from an auditor of the
-run it broke. The runtime's own reads (``tool_call_rows``) still raise on it.
+run it broke. The runtime's own reads (``tool_call_rows``, ``list_events``) still
+raise on it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import NamedTuple, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from runtime.model import (
     Approval,
+    Event,
     Run,
     Step,
     ToolCall,
     Unreadable,
     UnreadableApproval,
+    UnreadableEvent,
     UnreadableStep,
     UnreadableToolCall,
 )
@@ -42,6 +45,8 @@ U = TypeVar("U", bound=Unreadable)
 ShownStep = Step | UnreadableStep
 ShownToolCall = ToolCall | UnreadableToolCall
 ShownApproval = Approval | UnreadableApproval
+ShownEvent = Event | UnreadableEvent
+E = TypeVar("E", bound=ShownEvent)
 
 
 class RunRecord(NamedTuple):
@@ -80,6 +85,33 @@ async def _tool_calls(tx: Tx, run_id: str) -> list[Row]:
     return await tx.fetchall(
         "SELECT * FROM tool_calls WHERE run_id = ? ORDER BY step_index, call_index", (run_id,)
     )
+
+
+async def event_rows(tx: Tx, run_id: str, after: int, limit: int) -> list[Row]:
+    return await tx.fetchall(
+        "SELECT run_id, seq, type, ts, data FROM events WHERE run_id = ? AND seq > ? "
+        "ORDER BY seq LIMIT ?",
+        (run_id, after, limit),
+    )
+
+
+async def log_pages(
+    read: Callable[[str, int, int], Awaitable[list[E]]],
+    run_id: str,
+    after: int,
+    limit: int,
+    through: int | None = None,
+) -> AsyncIterator[list[E]]:
+    """The run's log after ``after`` (and up to ``through``), a page of at most ``limit``
+    events at a time, each page as ``read(run_id, after, limit)`` gives it."""
+    while through is None or after < through:
+        batch = await read(run_id, after, limit)
+        if through is not None:
+            batch = [event for event in batch if event.seq <= through]
+        if not batch:
+            return
+        yield batch
+        after = batch[-1].seq
 
 
 async def step_rows(tx: Tx, run_id: str) -> list[Step]:
@@ -121,6 +153,14 @@ class RecordQueries(StoreCore):
         """The run's steps as the audit surface shows them (see the module's doc)."""
         async with self.read() as tx:
             return await shown_step_rows(tx, run_id)
+
+    async def shown_events(
+        self, run_id: str, after: int = 0, limit: int = 1000
+    ) -> list[ShownEvent]:
+        """The run's events after seq ``after`` as the audit surface shows them (see the
+        module's doc)."""
+        async with self.read() as tx:
+            return shown(await event_rows(tx, run_id, after, limit), Event, UnreadableEvent)
 
     async def shown_tool_calls(self, run_id: str) -> list[ShownToolCall]:
         """The run's ledger as the audit surface shows it (see the module's doc)."""

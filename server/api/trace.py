@@ -14,9 +14,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from runtime.model import Event, Run
-from runtime.store.base import RunStore, event_pages
-from runtime.store.records import RunRecord, ShownApproval, ShownStep, ShownToolCall
+from runtime.model import Run
+from runtime.store.base import RunStore
+from runtime.store.records import (
+    RunRecord,
+    ShownApproval,
+    ShownEvent,
+    ShownStep,
+    ShownToolCall,
+    log_pages,
+)
 from server.api.redaction import RunTools, redact_steps, redact_tool_calls
 
 EVENTS_PER_CHUNK = 1000
@@ -30,7 +37,8 @@ class Trace(BaseModel):
     tool_calls: list[ShownToolCall]
     approvals: list[ShownApproval]
     """A row that no longer validates shows in its unreadable form (``unreadable: true``)."""
-    events: list[Event]
+    events: list[ShownEvent]
+    """So is an event: read once the body has begun, one that raised would cut it off."""
 
 
 def _json(value: Any) -> str:
@@ -60,7 +68,7 @@ class LogGone(RuntimeError):
 async def trace_body(store: RunStore, record: RunRecord, head: str) -> AsyncIterator[bytes]:
     yield head.encode()
     sep, sent = "", 0
-    pages = event_pages(store, record.run.run_id, 0, EVENTS_PER_CHUNK, through=record.last_seq)
+    pages = log_pages(store.shown_events, record.run.run_id, 0, EVENTS_PER_CHUNK, record.last_seq)
     async for batch in pages:
         yield (sep + ",".join(_json(e.model_dump(mode="json")) for e in batch)).encode()
         sep, sent = ",", batch[-1].seq

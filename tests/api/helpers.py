@@ -27,6 +27,17 @@ def problem(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
     return body
 
 
+async def corrupt(api: Api, table: str, sets: str, where: str, *params: object) -> None:
+    """A stored row changed by hand, as no version of the runtime would write it."""
+    async with api.engine_services.store.tx() as tx:
+        await tx.execute(f"UPDATE {table} SET {sets} WHERE {where}", params)
+
+
+def unreadable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows shown in their unreadable form."""
+    return [r for r in rows if r.get("unreadable")]
+
+
 async def count_runs(api: Api) -> int:
     """Every run in the store, whatever its tenant."""
     runs, _ = await api.engine_services.store.list_runs(limit=200)

@@ -158,7 +158,7 @@ async def test_a_trace_whose_run_is_pruned_as_it_is_sent_is_cut_off_not_closed(
     for i in range(EVENTS_PER_CHUNK + 10):  # a second page of the log
         await store.append_event(run_id, EventType.ERROR, {"i": i})
     await ended_long_ago(api, run_id)
-    list_events, pages = store.list_events, 0
+    shown_events, pages = store.shown_events, 0
 
     async def pruned_after_the_first_page(of: str, after: int = 0, limit: int = 1000) -> Any:
         nonlocal pages
@@ -166,9 +166,9 @@ async def test_a_trace_whose_run_is_pruned_as_it_is_sent_is_cut_off_not_closed(
         if pages == 2:
             pruned = await prune(store, api.engine.checkpointer, utcnow() - timedelta(days=1))
             assert pruned.runs == [run_id]
-        return await list_events(of, after, limit=limit)
+        return await shown_events(of, after, limit=limit)
 
-    monkeypatch.setattr(store, "list_events", pruned_after_the_first_page)
+    monkeypatch.setattr(store, "shown_events", pruned_after_the_first_page)
     with pytest.raises(LogGone):
         await api.client.get(f"/runs/{run_id}/trace")
     assert pages == 2

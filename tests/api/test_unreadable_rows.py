@@ -5,20 +5,9 @@ The run that broke on it is the one an auditor most needs to read."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from server.client_render import ASCII, Renderer
 from tests.api.conftest import Api
-from tests.api.helpers import parked_demo_run
-
-
-async def corrupt(api: Api, table: str, sets: str, where: str, *params: object) -> None:
-    async with api.engine_services.store.tx() as tx:
-        await tx.execute(f"UPDATE {table} SET {sets} WHERE {where}", params)
-
-
-def unreadable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r.get("unreadable")]
+from tests.api.helpers import corrupt, parked_demo_run, unreadable
 
 
 async def test_a_row_that_no_longer_validates_is_shown_marked(api: Api) -> None:

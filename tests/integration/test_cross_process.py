@@ -216,7 +216,7 @@ def test_stream_does_not_close_before_the_terminal_event(
                 chunk.decode()
                 async for chunk in event_stream(racing, EventBus(), run_id, 1, keepalive_s=5)  # type: ignore[arg-type]
             ]
-            stored = [(e.seq, e.type) for e in await backend.store.list_events(run_id)]
+            stored = [(e.seq, str(e.type)) for e in await backend.store.list_events(run_id)]
             return chunks, stored
         finally:
             await backend.close()

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from runtime import ids
 from runtime.adapter import side_effects
+from runtime.events import EventType
 from runtime.ledger import (
     INLINE_OUTPUT_BYTES,
     ReconcileFailed,
@@ -158,7 +159,7 @@ async def test_reconcile_finding_nothing_reruns(h: Harness) -> None:
 
     assert h.reconciled == 1 and h.ran == [left.idempotency_key]
     assert row.status == "succeeded" and row.attempts == 2
-    assert [e.type for e in await h.store.list_events(h.run_id)].count("action") == 2
+    assert [e.type for e in await h.store.list_events(h.run_id)].count(EventType.ACTION) == 2
 
 
 async def test_a_reconcile_that_hangs_fails_the_drive_within_the_tools_timeout(

@@ -228,7 +228,7 @@ async def test_only_one_of_concurrent_decisions_wins(backend: object, make_run: 
     assert final.decided_by == f"user-{winners[0]}"
     assert all(row.status == final.status for row, _ in results)
     types = [e.type for e in await store.list_events(run.run_id)]
-    assert types.count("approval_request") == 1 and types.count("approval_result") == 1
+    assert types.count(EventType.APPROVAL_REQUEST) == types.count(EventType.APPROVAL_RESULT) == 1
 
 
 async def test_list_runs_pages_through_every_run_once(backend: object) -> None:

@@ -15,7 +15,6 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.lifecycle import TERMINAL, State
 from runtime.model import (
     MAX_SCOPES,
-    Event,
     Page,
     Run,
     RunContext,
@@ -24,7 +23,7 @@ from runtime.model import (
     Usage,
 )
 from runtime.planner import Observation
-from runtime.store.records import ShownStep, ShownToolCall
+from runtime.store.records import ShownEvent, ShownStep, ShownToolCall
 from server.api.deps import (
     EngineDep,
     PrincipalDep,
@@ -230,7 +229,7 @@ async def get_run(
 
 @router.get(
     "/runs/{run_id}/events",
-    response_model=list[Event],
+    response_model=list[ShownEvent],
     responses={
         **problem_responses(*OF_A_RUN, Code.TOO_MANY_STREAMS),
         200: {
@@ -251,7 +250,8 @@ async def run_events(
     limit: Annotated[int, Query(ge=1, le=MAX_EVENT_PAGE)] = MAX_EVENT_PAGE,
 ) -> Response:
     """SSE by default. As JSON, at most ``limit`` events after ``after``; a longer log
-    says where its next page is in a ``Link: <…>; rel="next"`` header."""
+    says where its next page is in a ``Link: <…>; rel="next"`` header. An event that
+    no longer validates is shown unreadable."""
     start = after or 0
     if last_event_id is not None:
         if not re.fullmatch(r"[0-9]{1,15}", last_event_id):
@@ -259,7 +259,7 @@ async def run_events(
         start = max(start, int(last_event_id))
     accept = ", ".join(request.headers.getlist("accept"))  # lines of one field, one list
     if prefers(accept, "application/json", "text/event-stream"):
-        events = await services.store.list_events(run.run_id, start, limit=limit + 1)
+        events = await services.store.shown_events(run.run_id, start, limit=limit + 1)
         page = JSONResponse([e.model_dump(mode="json") for e in events[:limit]])
         if len(events) > limit:
             page.headers["Link"] = next_link(request, after=events[limit - 1].seq)
