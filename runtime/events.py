@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from runtime.lifecycle import TERMINAL, State
+from runtime.lifecycle import TERMINAL
 
 if TYPE_CHECKING:  # runtime.model's Event checks its type against this vocabulary
     from runtime.model import ToolCall
@@ -48,4 +48,7 @@ def result_event(row: ToolCall) -> dict[str, Any]:
 
 
 def is_terminal_event(event_type: str, data: dict[str, Any]) -> bool:
-    return event_type == EventType.STATE and State(data["to"]) in TERMINAL
+    # A state event's data is not checked on reading: one with no state it went to,
+    # or not one of ours, does not end a stream (nor fail it).
+    to = data.get("to")
+    return event_type == EventType.STATE and isinstance(to, str) and to in TERMINAL

@@ -13,17 +13,22 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.events import is_terminal_event
 from runtime.lifecycle import TERMINAL
-from runtime.model import Event
+from runtime.model import Event, UnreadableEvent
 from runtime.store.base import RunStore
-from runtime.store.core import event_of
+from runtime.store.records import ShownEvent, shown
 
 LOG_PAGE = 500
 """Events read from the log at once."""
+UNREADABLE = "unreadable"
+"""The ``event:`` name of a stored event that no longer validates: not a type of the
+vocabulary, the marked form of one whose row cannot be read (its type as stored is
+in its data). Its ``id:`` is its seq all the same, so that a reconnect resumes past it."""
 
 
-def format_event(event: Event) -> bytes:
+def format_event(event: ShownEvent) -> bytes:
+    name = UNREADABLE if isinstance(event, UnreadableEvent) else event.type
     data = json.dumps(event.model_dump(mode="json"), ensure_ascii=False)
-    return f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
+    return f"id: {event.seq}\nevent: {name}\ndata: {data}\n\n".encode()
 
 
 async def event_stream(
@@ -56,24 +61,26 @@ async def event_stream(
             # Events this process committed came with their wake-up: no read of the log.
             committed_here = waiter.rows_after(after) if woken else None
             waiter.clear()
+            events: list[ShownEvent]
             if committed_here is not None:
-                events = [event_of(row) for row in committed_here]
+                events = shown(committed_here, Event, UnreadableEvent)
             else:
-                events = await store.list_events(run_id, after, limit=LOG_PAGE)
+                events = await store.shown_events(run_id, after, limit=LOG_PAGE)
             for event in events:
                 yield format_event(event)
                 after = event.seq
-                if is_terminal_event(event.type, event.data):
+                if isinstance(event, Event) and is_terminal_event(event.type, event.data):
                     return
             if len(events) == LOG_PAGE:
                 continue  # more is waiting in the log
-            if not events:
+            if not events or any(isinstance(e, UnreadableEvent) for e in events):
                 # Nothing new: the run may have ended before `after` (a reconnect past
-                # its end), where no terminal event is left to send.
+                # its end), where no terminal event is left to send; or the terminal
+                # event was one that cannot be read, and would not end the stream.
                 run = await store.get_run(run_id)
                 if run is None or run.state in TERMINAL:
                     # The terminal event may have committed after our read of the log.
-                    if run is not None and await store.list_events(run_id, after, limit=1):
+                    if run is not None and await store.shown_events(run_id, after, limit=1):
                         continue
                     return
             # Cleared before the read, so an event committed since then has set it: no

@@ -160,7 +160,7 @@ def test_a_wait_on_an_http_only_server_ends_when_a_worker_settles_the_run(
 
 
 class _RacingStore:
-    """A run store whose first empty ``list_events`` is followed, before the stream reads
+    """A run store whose first empty ``shown_events`` is followed, before the stream reads
     the run, by another process ending the run (its error and terminal state events)."""
 
     def __init__(self, store: Any, end_run: Callable[[], Any]) -> None:
@@ -168,8 +168,8 @@ class _RacingStore:
         self.end_run = end_run
         self.ended = False
 
-    async def list_events(self, run_id: str, after: int = 0, limit: int = 1000) -> Any:
-        events = await self.store.list_events(run_id, after, limit)
+    async def shown_events(self, run_id: str, after: int = 0, limit: int = 1000) -> Any:
+        events = await self.store.shown_events(run_id, after, limit)
         if not events and not self.ended:
             self.ended = True
             await self.end_run()  # commits now, between this read and the next

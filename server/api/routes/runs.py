@@ -251,7 +251,7 @@ async def run_events(
 ) -> Response:
     """SSE by default. As JSON, at most ``limit`` events after ``after``; a longer log
     says where its next page is in a ``Link: <…>; rel="next"`` header. An event that
-    no longer validates is shown unreadable."""
+    no longer validates is shown unreadable (as SSE: ``event: unreadable``)."""
     start = after or 0
     if last_event_id is not None:
         if not re.fullmatch(r"[0-9]{1,15}", last_event_id):
