@@ -99,6 +99,8 @@ class Cli:
         # Always read from the start, so every line shows the state the run was in.
         for event in self.client.events(run_id, 0, on_reconnect=dropped):
             kind, data = event.get("type"), event.get("data") or {}
+            if event.get("unreadable"):
+                kind = None  # only its stored type is known: no state or approval from it
             if kind == "state":
                 state = str(data.get("to"))
             if not shown:

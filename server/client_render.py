@@ -82,6 +82,8 @@ class Renderer:
     def event_text(self, event: JSON) -> str:
         s = self.sym
         kind = str(event.get("type"))
+        if event.get("unreadable"):  # its type as stored, and why: it has no data
+            return f"{s['bad']} {self.unreadable(event, kind).lstrip()}"
         d: JSON = event.get("data") or {}
         if kind == "state":
             if d.get("from") is None:
@@ -311,7 +313,7 @@ class Renderer:
         lines += ["", "events:"]
         state = ""
         for event in trace.get("events") or []:
-            if event.get("type") == "state":
+            if event.get("type") == "state" and not event.get("unreadable"):
                 state = str((event.get("data") or {}).get("to"))
             lines.append("  " + self.event(event, state))
         return lines

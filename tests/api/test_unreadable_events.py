@@ -7,16 +7,21 @@ that drops at it and drops again at every reconnect."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+from argparse import Namespace
+from collections.abc import Iterator
 from typing import Any
 
+from server.cli_client import Cli
+from server.client import SseParser
+from server.client_render import ASCII, Printer, Renderer
 from tests.api.conftest import Api
 from tests.api.helpers import corrupt, parked_demo_run, unreadable
 
 SSE = {"Accept": "text/event-stream"}
 MARKED = {"unreadable", "problems", "run_id", "seq", "type"}
 """All an unreadable event shows: none of its data."""
-
 
 Frame = tuple[int, str, dict[str, Any]]
 
@@ -94,6 +99,14 @@ async def test_the_trace_is_whole_json_with_an_event_that_no_longer_validates(
     record = json.loads(resp.content)  # whole: its JSON closed
     assert record["events"] == await api.events(run_id)
     assert len(unreadable(record["events"])) == 3
+    # The CLI's trace marks them, and takes no state from the one that was a state event.
+    text = "\n".join(Renderer(ASCII).trace(record))
+    assert "exploded UNREADABLE: type: Input should be" in text
+    assert f"{before[3]['type']} UNREADABLE: data: Input should be a valid dictionary" in text
+    was = [e["data"]["to"] for e in before[:-1] if e["type"] == "state"][-1]
+    last = text.splitlines()[-1]
+    assert last.startswith(f"  [{before[-1]['seq']:>3}] {was} ")
+    assert "state UNREADABLE: ts: Input should be a valid datetime" in last
 
 
 async def test_the_stream_sends_an_event_that_no_longer_validates_marked_and_resumes_past_it(
@@ -127,3 +140,44 @@ async def test_the_stream_sends_an_event_that_no_longer_validates_marked_and_res
     resumed = await stream(api, run_id, **{"Last-Event-ID": str(middle)})
     assert [seq for seq, _, _ in resumed] == [e["seq"] for e in before if e["seq"] > middle]
     assert await stream(api, run_id, **{"Last-Event-ID": str(terminal)}) == []
+
+
+class Replay:
+    """The CLI client's side of a stream the server sent: its events as parsed, the run."""
+
+    def __init__(self, sse: str, run: dict[str, Any]) -> None:
+        self.sse, self.run = sse, run
+
+    def events(self, run_id: str, after: int = 0, **_: Any) -> Iterator[dict[str, Any]]:
+        yield from SseParser().feed(self.sse.splitlines())
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        return self.run
+
+
+async def test_the_cli_follows_a_stream_with_an_unreadable_event_marking_it(api: Api) -> None:
+    run = await api.create(agent_id="typo_fixer", input="echo")
+    run_id = run["run_id"]
+    ended = (await api.client.get(f"/runs/{run_id}", headers={"Prefer": "wait=30"})).json()
+    before = await api.events(run_id)
+    first_state = before[0]["seq"]
+    await break_events(api, run_id, first_state + 1, first_state + 2, before[-1]["seq"])
+    sse = await api.client.get(f"/runs/{run_id}/events", headers=SSE)
+
+    cli = Cli.__new__(Cli)  # no server of its own: the stream above, replayed
+    out = io.StringIO()
+    cli.args, cli.json, cli.printer = Namespace(), False, Printer(out, io.StringIO())
+    cli.client, cli.render = Replay(sse.text, ended), Renderer(ASCII)  # type: ignore[assignment]
+    assert cli.follow(run_id) == ended
+
+    lines = out.getvalue().splitlines()
+    assert len(lines) == len(before)
+    marked = [line for line in lines if "UNREADABLE" in line]
+    assert len(marked) == 3
+    assert marked[0].startswith(f"[{first_state + 1:>3}] pending ")
+    assert "x exploded UNREADABLE: type: " in marked[0]
+    assert "UNREADABLE: data: " in marked[1]
+    # The run's state as the readable events tell it, not "None" from the unreadable one.
+    was = [e["data"]["to"] for e in before[:-1] if e["type"] == "state"][-1]
+    assert lines[-1].startswith(f"[{before[-1]['seq']:>3}] {was} ")
+    assert "x state UNREADABLE: ts: " in lines[-1]
