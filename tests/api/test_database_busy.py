@@ -6,9 +6,10 @@ import asyncio
 from pathlib import Path
 
 import psycopg
+import pytest
 
-from tests.api.conftest import make_settings, open_api
-from tests.api.helpers import problem
+from tests.api.conftest import Api, make_settings, open_api
+from tests.api.helpers import parked_demo_run, problem
 
 
 async def test_a_pool_with_no_free_connection_is_a_503(pg_schema_url: str, data_dir: Path) -> None:
@@ -81,3 +82,26 @@ async def test_a_cancel_whose_end_cannot_be_written_backs_off_then_ends(
             await asyncio.sleep(0.1)
             final = (await api.client.get(f"/runs/{run_id}")).json()
         assert (final["state"], final["outcome"]["code"]) == ("failed", "RUN_CANCELLED"), final
+
+
+async def test_a_stream_whose_read_the_database_fails_ends_cleanly(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its response has started: no problem document can follow, and the error was an
+    unhandled one (a 500 in the log) with a body cut off mid-chunk. It ends instead,
+    whole, and the client reconnects with its Last-Event-ID."""
+    run_id, _, _ = await parked_demo_run(api)
+    async with api.engine_services.store.tx() as tx:  # a real error on the log's read
+        await tx.execute("ALTER TABLE events RENAME TO events_away")
+    try:
+        resp = await asyncio.wait_for(
+            api.client.get(f"/runs/{run_id}/events", headers={"Accept": "text/event-stream"}), 10
+        )
+    finally:
+        async with api.engine_services.store.tx() as tx:
+            await tx.execute("ALTER TABLE events_away RENAME TO events")
+    assert resp.status_code == 200
+    assert resp.text == "retry: 1000\n\n"
+    assert "ended on a database error" in caplog.text
+    assert "unhandled" not in caplog.text
+    assert await api.events(run_id)  # the log is read again as the reconnect would
