@@ -15,7 +15,7 @@ from runtime.errors import CODES, Code, Recovery, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger, forward_trigger
 from runtime.model import Outcome, PendingApproval, Run, ToolCall
-from runtime.store.base import RunStore, iterate_events
+from runtime.store.base import RunStore, readable_events
 from runtime.store.tool_calls import closed_as
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,8 @@ async def open_handoff_results(
     Written with the terminal state change: were that to fail, the run goes on, and
     its sub-agent's own handback must still be the one answer."""
     opened: dict[str, dict[str, Any]] = {}
-    async for event in iterate_events(store, run_id, 0):
-        if not isinstance(event.data.get("handoff"), dict):
+    async for event in readable_events(store, run_id, 0):
+        if not _handoff_move(event.data):
             continue
         if event.type == EventType.ACTION:
             opened[event.data["tool_call_id"]] = event.data
@@ -109,6 +109,17 @@ async def open_handoff_results(
             )
         )
     return results
+
+
+def _handoff_move(data: dict[str, Any]) -> bool:
+    """``data`` is a handoff's ``action`` or ``result``, whole: one a hand edit left
+    without what the answer is made of is passed over, not a failure made unrecordable."""
+    move = data.get("handoff")
+    return (
+        isinstance(move, dict)
+        and {"tool_call_id", "tool"} <= data.keys()
+        and {"from_agent", "to_agent", "step_index", "depth"} <= move.keys()
+    )
 
 
 async def fail_run(

@@ -458,10 +458,14 @@ def event_pages(
     return log_pages(store.list_events, run_id, after, limit, through)
 
 
-async def iterate_events(store: RunStore, run_id: str, after: int) -> AsyncIterator[Event]:
-    async for batch in event_pages(store, run_id, after):
+async def readable_events(store: RunStore, run_id: str, after: int) -> AsyncIterator[Event]:
+    """The run's log after ``after``, but for events that no longer validate: what the
+    runtime reads of it to end a run, which one such event must not make unrecordable
+    (the audit surface shows it, marked)."""
+    async for batch in log_pages(store.shown_events, run_id, after, 1000):
         for event in batch:
-            yield event
+            if isinstance(event, Event):
+                yield event
 
 
 def _cancel_intent(stored: str | None) -> tuple[str, bool] | None:

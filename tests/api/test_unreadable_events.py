@@ -181,3 +181,42 @@ async def test_the_cli_follows_a_stream_with_an_unreadable_event_marking_it(api:
     was = [e["data"]["to"] for e in before[:-1] if e["type"] == "state"][-1]
     assert lines[-1].startswith(f"[{before[-1]['seq']:>3}] {was} ")
     assert "x state UNREADABLE: ts: " in lines[-1]
+
+
+async def test_a_run_with_an_unreadable_event_is_still_failed_as_read(api: Api) -> None:
+    """Ending a run reads its log for the handoffs left open: one event that no longer
+    validates made every failure of the run unrecordable, so a cancel failed it unread
+    (every side effect listed as one that may have happened, the handoff unanswered)."""
+    run = await api.create(agent_id="delegator", input="slow_worker sleep 30")
+    run_id = run["run_id"]
+    await api.wait_event(run_id, lambda e: e["type"] == "action" and e["data"]["tool"] == "sleep")
+    await break_events(api, run_id, 1)
+    resp = await api.client.post(f"/runs/{run_id}/cancel", json={"reason": "stop"})
+    final = resp.json()
+    assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
+    assert "could not be read" not in final["outcome"]["message"]
+    calls = {c["tool"]: c for c in (await api.client.get(f"/runs/{run_id}/tool-calls")).json()}
+    assert final["outcome"]["side_effects"] == [calls["counter"]["tool_call_id"]]
+    events = await api.events(run_id)
+    handoff = [e for e in events if "handoff" in e.get("data", {})]
+    assert [(e["type"], e["data"]["handoff"]["phase"]) for e in handoff] == [
+        ("action", "start"),
+        ("result", "return"),
+    ]
+    assert handoff[1]["data"]["error"]["code"] == "RUN_CANCELLED"
+
+
+async def test_a_handoff_event_without_its_fields_is_passed_over_when_failing(api: Api) -> None:
+    """A readable ``action`` of a handoff that a hand edit left without its agents: no
+    answer can be made of it, and the failure is recorded all the same (it raised)."""
+    run = await api.create(agent_id="delegator", input="slow_worker sleep 30")
+    run_id = run["run_id"]
+    start = await api.wait_event(run_id, lambda e: e["type"] == "action" and "handoff" in e["data"])
+    await api.wait_event(run_id, lambda e: e["type"] == "action" and e["data"]["tool"] == "sleep")
+    emptied = json.dumps({**start["data"], "handoff": {"phase": "start"}})
+    await corrupt(
+        api, "events", "data = ?", "run_id = ? AND seq = ?", emptied, run_id, start["seq"]
+    )
+    final = (await api.client.post(f"/runs/{run_id}/cancel", json={"reason": "stop"})).json()
+    assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
+    assert "could not be read" not in final["outcome"]["message"]
