@@ -103,6 +103,9 @@ class UnreadFailures(StoreCore):
         approval as a human's rejection (a call closed, as having run), and goes on.
         """
         status, error = calls
+        # Written first, on their own: a transaction carrying them would lock the run
+        # row before the approvals, the order decide_approval takes them in reverse.
+        await self.flush()
         try:
             async with self.tx() as tx:
                 # The approvals first, as decide_approval locks them, and on the inner
@@ -114,18 +117,20 @@ class UnreadFailures(StoreCore):
                     "RETURNING approval_id, tool_call_id, created_at",
                     (comment, _ts(), run_id),
                 )
-                # The same way, and before the run's lock (as update_tool_call takes them):
-                # left running, the next reader would take a call of an ended run as one
-                # still under way.
+                row = await self._lock_run(tx, run_id, "state")
+                if row is None:
+                    raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
+                # After the run's lock, as every fenced ledger write takes them: before it,
+                # a worker that lost the lease would hold the calls the new holder's write
+                # of an outcome waits for, while waiting for the run row that write holds
+                # (a deadlock, whose victim was the holder's outcome). Left running, the
+                # next reader would take a call of an ended run as one still under way.
                 closed = await tx.inner.fetchall(
                     "UPDATE tool_calls SET status = ?, error = ?, updated_at = ? "
                     "WHERE run_id = ? AND status = 'running' "
                     "RETURNING tool_call_id, tool, artifact_id, step_index, call_index",
                     (status, _enc_col("error", error), _ts(), run_id),
                 )
-                row = await self._lock_run(tx, run_id, "state")
-                if row is None:
-                    raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
                 current = State(row["state"])
                 if current in TERMINAL:
                     raise _Ended  # undoes the two updates: whatever ended it closed them

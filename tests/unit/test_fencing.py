@@ -7,8 +7,13 @@ otherwise); these tests hold each kind of write to it, on both dialects.
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
+from runtime.adapter import failure_trigger
+from runtime.errors import Code
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
 from runtime.model import Decision, Step, ToolCall, utcnow
@@ -160,3 +165,55 @@ async def test_a_compensation_claimed_by_a_dead_drive_is_claimed_again(
         await dead.claim_compensation(row.tool_call_id)
     await taker.release_compensation(row.tool_call_id, done=True)
     assert not await store.claim_compensation(row.tool_call_id)  # done is done
+
+
+async def test_a_stale_failure_never_holds_up_the_holders_outcome(
+    backend: object, make_run: MakeRun
+) -> None:
+    """A worker that lost the lease fails the run (its drives failed on the database)
+    while the new holder records a call's outcome. The stale one closed the calls left
+    running before it locked the run row, the holder's write locks them the other way
+    round: on PostgreSQL a deadlock, whose victim was the holder's outcome of a call
+    that had happened. The stale one must lose, and the outcome stand."""
+    store = store_of(backend)
+    run = await make_run(store)
+    stale, current = await stale_and_current(store, run.run_id)
+    await current.transition(run.run_id, Trigger.START, expect=State.PENDING)
+    await current.transition(run.run_id, Trigger.PLAN_READY, expect=State.PLANNING)
+    row, claimed = await current.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+    assert claimed
+    reached, go = asyncio.Event(), asyncio.Event()
+    lock_run = stale._lock_run
+
+    async def held_back(tx: Any, run_id: str, columns: str) -> Any:
+        reached.set()  # inside end_failed's transaction, before it locks the run row
+        await go.wait()
+        return await lock_run(tx, run_id, columns)
+
+    stale._lock_run = held_back  # type: ignore[method-assign]
+    why = {"code": "CHECKPOINT_ERROR", "message": "the drives failed"}
+    ending = asyncio.create_task(
+        stale.end_failed(
+            run.run_id,
+            lambda now: failure_trigger(Code.CHECKPOINT_ERROR, now),
+            expect=None,
+            calls=("cancelled", why),
+            comment="run ended",
+            events=[(EventType.ERROR, why)],
+            fields={},
+        )
+    )
+    await reached.wait()
+    outcome = asyncio.create_task(
+        current.update_tool_call(
+            row.tool_call_id, result={"status": "succeeded"}, status="succeeded", output={"ok": 1}
+        )
+    )
+    await asyncio.wait({outcome}, timeout=0.5)  # (its write under way, or done)
+    go.set()
+    lost, recorded = await asyncio.gather(ending, outcome, return_exceptions=True)
+    assert isinstance(lost, LeaseLost), lost
+    assert not isinstance(recorded, BaseException), recorded
+    call = await store.get_tool_call(row.tool_call_id)
+    assert call is not None and (call.status, call.output) == ("succeeded", {"ok": 1})
+    assert (await store.get_run(run.run_id)).state is State.EXECUTING  # type: ignore[union-attr]
