@@ -354,7 +354,7 @@ class Engine(GraphDriving):
             how = "failed"
             log.exception("run %s failed", run_id)
             try:
-                await fail_run(store, run_id, Code.INTERNAL_ERROR, repr(exc))
+                await fail_run(store, run_id, Code.INTERNAL_ERROR, named(exc))
             except LeaseLost:  # the error came after the lease moved on: not ours to record
                 how = "lease_lost"
                 _lease_lost(store, run_id)

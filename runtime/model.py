@@ -5,7 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Final, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from runtime.errors import Code
 from runtime.events import EventType
@@ -30,6 +37,14 @@ class Strict(BaseModel):
     @classmethod
     def _storable(cls, data: Any) -> Any:
         return reject_unstorable(data)
+
+
+class Stored(BaseModel):
+    """A row the store reads back: a validation error's text never quotes its values
+    (a secret argument's among them), wherever it is printed (a log's traceback, a
+    failed run's message); what is wrong with it is said by field (``problems_of``)."""
+
+    model_config = ConfigDict(hide_input_in_errors=True)
 
 
 MAX_SCOPES = 200
@@ -152,7 +167,7 @@ class Outcome(BaseModel):
     """tool_call_ids whose compensation ran."""
 
 
-class Run(BaseModel):
+class Run(Stored):
     run_id: str
     agent_id: str
     input: str
@@ -217,7 +232,7 @@ class Decision(BaseModel):
         return self
 
 
-class Step(BaseModel):
+class Step(Stored):
     run_id: str
     step_index: int
     decision: Decision
@@ -228,7 +243,7 @@ class Step(BaseModel):
 ToolCallStatus = Literal["running", "succeeded", "failed", "unknown", "cancelled"]
 
 
-class ToolCall(BaseModel):
+class ToolCall(Stored):
     tool_call_id: str
     run_id: str
     step_index: int
@@ -253,7 +268,7 @@ ApprovalStatus = Literal["pending", "approved", "rejected", "expired"]
 ApprovalDecision = Literal["approved", "rejected", "expired"]
 
 
-class Approval(BaseModel):
+class Approval(Stored):
     approval_id: str
     run_id: str
     tool_call_id: str
@@ -270,6 +285,15 @@ class Approval(BaseModel):
     comment: str | None = None
     created_at: datetime
     decided_at: datetime | None = None
+
+
+def problems_of(exc: ValidationError) -> list[str]:
+    """What does not validate: each field's path and what is wrong with it, never its
+    value (a stored row's may be a secret argument, and its errors' text quotes it)."""
+    return [
+        f"{'.'.join(str(p) for p in e['loc']) or '(row)'}: {e['msg']}"
+        for e in exc.errors(include_url=False, include_input=False)
+    ]
 
 
 class Unreadable(BaseModel):
@@ -312,7 +336,7 @@ class UnreadableStep(Unreadable):
     step_index: int
 
 
-class Artifact(BaseModel):
+class Artifact(Stored):
     artifact_id: str
     media_type: str
     size: int
@@ -321,7 +345,7 @@ class Artifact(BaseModel):
     created_at: datetime
 
 
-class Event(BaseModel):
+class Event(Stored):
     run_id: str
     seq: int
     type: EventType

@@ -22,11 +22,13 @@ import sqlite3
 from dataclasses import dataclass
 
 import psycopg
+from pydantic import ValidationError
 
 from runtime.adapter import fail_run, failure_trigger
 from runtime.cancelling import CallSetting, CutOff, fail_cut_off
 from runtime.errors import Code
 from runtime.ledger import ReconcileUnanswered
+from runtime.model import problems_of
 from runtime.store.base import DriveStart, LeaseLost, RunStore
 
 log = logging.getLogger("runtime.engine")
@@ -155,8 +157,12 @@ async def fail_unrecorded(
 
 def named(exc: BaseException, most: int = 500) -> str:
     """``exc`` for a run's outcome: its type and its text on one line, at most ``most``
-    characters of it (a validation error's runs to many lines)."""
-    text = " ".join(str(exc).split())
+    characters of it; a validation error's without the values it quotes (a stored
+    row's: a secret argument's among them, which the audit surface hides)."""
+    if isinstance(exc, ValidationError):
+        text = f"{exc.title}: {'; '.join(problems_of(exc))}"
+    else:
+        text = " ".join(str(exc).split())
     if len(text) > most:
         text = text[: most - 1] + "…"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

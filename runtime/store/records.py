@@ -35,6 +35,7 @@ from runtime.model import (
     UnreadableEvent,
     UnreadableStep,
     UnreadableToolCall,
+    problems_of,
 )
 from runtime.store.core import Row, StoreCore, Tx, _dec
 
@@ -66,10 +67,7 @@ def shown(rows: Sequence[Row], model: type[M], unreadable: type[U]) -> list[M | 
         try:
             out.append(model.model_validate(_dec(row)))
         except ValidationError as exc:
-            problems = [
-                f"{'.'.join(str(p) for p in e['loc']) or '(row)'}: {e['msg']}"
-                for e in exc.errors(include_url=False, include_input=False)
-            ]
+            problems = problems_of(exc)
             keys = {k: row[k] for k in unreadable.model_fields if k in row}
             log.warning("a stored %s does not validate: %s %s", model.__name__, keys, problems)
             keys.update(unreadable=True, problems=problems)

@@ -376,3 +376,29 @@ async def test_a_drive_whose_failure_the_database_refuses_is_driven_again(
     found = await host.store.get_run_to_drive(parked.run_id)
     assert found is not None
     assert found.run.state is State.EXECUTING, found.run.outcome
+
+
+async def test_a_row_that_no_longer_validates_is_never_quoted(
+    host: Host, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stored argument (a secret's among them) that no longer validates: the audit
+    surface shows what is wrong with it by field, never its value, and so must the
+    failure it causes, in the run's message, its error event and the logs' tracebacks
+    (a validation error's text quotes its input)."""
+    parked, wire = await parked_on_its_second_wire(host)
+    secret = "sk-live-0123456789"
+    async with host.store.tx() as tx:
+        await tx.execute(
+            "UPDATE tool_calls SET args = ? WHERE tool_call_id = ?",
+            (f'{{"api_key": "{secret}", "amount": 9', wire),  # cut short: not JSON
+        )
+    with caplog.at_level(logging.DEBUG):
+        await approve(host, parked)
+        final = await ended(host, parked.run_id)
+        await host.engine.wait_settled(parked.run_id, within_s=10)
+    assert final.outcome is not None and final.outcome.code is Code.INTERNAL_ERROR
+    assert "args: Input should be a valid dictionary" in final.outcome.message
+    events = await host.store.list_events(parked.run_id)
+    assert [e.data["message"] for e in events if e.type == "error"] == [final.outcome.message]
+    assert "ValidationError" in caplog.text  # what was logged: the failure, and why
+    assert secret not in caplog.text and secret not in final.outcome.message
