@@ -9,7 +9,6 @@ else is marked ``unknown``: never guessed.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 from dataclasses import replace
@@ -24,10 +23,11 @@ from runtime.errors import Code
 from runtime.events import summarize
 from runtime.ids import idempotency_key
 from runtime.model import ToolCall, utcnow
+from runtime.scrubbing import scrub as scrub
+from runtime.scrubbing import secret_values as secret_values
 from runtime.services import NodeStore, close_call
-from runtime.storable import plain_json, utf8
+from runtime.storable import plain_json
 from runtime.tooling import (
-    REDACTED,
     ArtifactSink,
     ToolBusinessError,
     ToolContext,
@@ -94,46 +94,6 @@ def new_ledger_row(
         created_at=now,
         updated_at=now,
     )
-
-
-MIN_SCRUBBED_CHARS = 4
-"""Shorter secret values are not scrubbed from error text: "1" would mangle every digit."""
-
-
-def secret_values(spec: ToolSpec, args: BaseModel) -> list[str]:
-    """The values of the call's secret args as text, longest first (to scrub them out)."""
-    if not spec.secret_args:
-        return []
-    dumped = args.model_dump(mode="json")
-    found = []
-    for name in spec.secret_args:
-        value = dumped.get(name)
-        if value is None:
-            continue
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        if len(text) >= MIN_SCRUBBED_CHARS:
-            found += _spellings(text)
-    return sorted(set(found), key=len, reverse=True)
-
-
-def _spellings(text: str) -> list[str]:
-    """``text`` as it may appear inside a message: as is, or escaped by ``repr`` (which
-    escapes a single quote only when the whole message holds both kinds) or JSON."""
-    plain_quotes = repr(text)[1:-1].replace("\\'", "'")
-    return [
-        text,
-        plain_quotes,
-        plain_quotes.replace("'", "\\'"),
-        json.dumps(text)[1:-1],
-        json.dumps(text, ensure_ascii=False)[1:-1],
-    ]
-
-
-def scrub(text: str, secrets: list[str]) -> str:
-    """An error's text as the ledger keeps it: secret values replaced, storable."""
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    return utf8(text)
 
 
 class ReconcileFailed(Exception):
