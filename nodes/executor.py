@@ -116,7 +116,9 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
                     rerun = True
                 elif current is not None and current.status == "running":
                     rerun = current.attempts == call["unknown_after_attempts"]
-            return await execute_once(ctx.store, spec, row, args, tctx, action, rerun=rerun)
+            return await execute_once(
+                ctx.store, spec, row, args, tctx, action, rerun=rerun, recording=ctx.recording
+            )
 
         calls = state.get("calls", [])
         # Every call is seen to its end before a failure propagates: none is left

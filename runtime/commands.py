@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.aio import within
@@ -37,6 +38,11 @@ class Drive:
     active_s: Callable[[], float] | None = None
     """The run's active seconds so far, once the drive runs its graph (the heartbeat
     records them: a crash must not give the run its unsaved time back)."""
+    renewed: float = field(default_factory=time.monotonic)
+    """When (``time.monotonic()``) the lease was last granted or renewed: it holds for the
+    lease's length from then. (A claim's grant is learnt a round trip after the database
+    made it: a margin that does not matter, as the fence, not this clock, keeps a lapsed
+    drive's writes out.)"""
     isolated: bool = False
     """Its run is a suspect (its workers keep dying): until it checkpoints a step or
     ends, this process drives nothing else (see ``LeaseQueries.claim_suspect``)."""

@@ -13,6 +13,7 @@ from typing import Any
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
+from runtime.recording import Recording
 from runtime.services import NodeStore
 from runtime.state import run_context
 from runtime.store.base import RunStore
@@ -31,6 +32,9 @@ class Context:
     """Steps recorded in the store when this drive started (None: unknown)."""
     agent_id: str | None = None
     """The run's agent: whose decisions a graph built without an ``agent_id`` makes."""
+    recording: Recording | None = None
+    """How the drive records its calls' outcomes through a database blip (None: for as
+    long as :data:`runtime.recording.WITHOUT_LEASE_S`)."""
 
     def may_have_recorded(self, step_index: int) -> bool:
         """Whether an earlier drive may have recorded this step (replay after a crash).

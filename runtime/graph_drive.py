@@ -20,6 +20,7 @@ from runtime.commands import Drive, RunCommands
 from runtime.context import Context
 from runtime.errors import Code
 from runtime.model import Approval, Run, Usage
+from runtime.recording import Recording
 from runtime.store.base import RunStore
 
 RECURSION_LIMIT = 100_000  # the run's own budgets bound the loop, not LangGraph's step cap
@@ -97,6 +98,14 @@ class GraphDriving(RunCommands):
         to its next node, or park, as if nobody had asked."""
         if run_id in self._cancelling:
             raise asyncio.CancelledError(f"cancel of {run_id} requested")
+
+    def _recording(self, run_id: str) -> Recording:
+        """How the calling drive records its calls' outcomes: retried while its lease
+        surely holds (from its grant or last renewal)."""
+        drive = self._own_drive(run_id)
+        if drive is None:
+            return Recording()
+        return Recording(lambda: drive.renewed + self.lease_s)
 
     def _clock_reading(self, run_id: str) -> float | None:
         drive = self._own_drive(run_id)
@@ -178,6 +187,7 @@ class GraphDriving(RunCommands):
                 active_base_s=active_at_start(values, active_s),
                 recorded_before=recorded,
                 agent_id=run.agent_id,
+                recording=self._recording(run_id),
             )
             self._clock(run_id, ctx.active_s)
             remaining = run.limits.timeout_s - ctx.active_base_s

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Awaitable
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +24,7 @@ from runtime.errors import Code
 from runtime.events import summarize
 from runtime.ids import idempotency_key
 from runtime.model import ToolCall, utcnow
+from runtime.recording import Recording, with_retries
 from runtime.scrubbing import scrub as scrub
 from runtime.scrubbing import secret_values as secret_values
 from runtime.services import NodeStore, close_call
@@ -271,10 +273,12 @@ async def execute_once(
     action: dict[str, Any],
     *,
     rerun: bool = False,
+    recording: Recording | None = None,
 ) -> ToolCall:
     """Run the call described by ``row`` unless the ledger says it already ran.
 
     ``rerun``: a human has ruled on an earlier unknown outcome; run it again.
+    ``recording``: the drive's (see :mod:`runtime.recording`).
     """
     if row.tool_call_id in _IN_FLIGHT:
         # A row this process is running shows an attempt counted, like one left by a
@@ -283,7 +287,8 @@ async def execute_once(
         return await _await_other_driver(store, row, spec)
     _IN_FLIGHT.add(row.tool_call_id)
     try:
-        return await _execute(store, spec, row, args, tctx, action, rerun)
+        recording = recording or Recording()
+        return await _execute(store, spec, row, args, tctx, action, rerun, recording)
     finally:
         _IN_FLIGHT.discard(row.tool_call_id)
 
@@ -296,6 +301,7 @@ async def _execute(
     tctx: ToolContext,
     action: dict[str, Any],
     rerun: bool,
+    recording: Recording,
 ) -> ToolCall:
     breaker = BREAKERS.for_tool(spec.ref)
     if breaker.state == "closed":
@@ -305,7 +311,7 @@ async def _execute(
     else:
         current, claimed_new = await store.begin_tool_call(row, action), False
     if claimed_new:
-        return await _run_claimed(store, spec, current, args, tctx, breaker)
+        return await _run_claimed(store, spec, current, args, tctx, breaker, recording)
     if current.status in FINISHED:
         return current
     if current.attempts > 0 and not rerun:
@@ -346,7 +352,7 @@ async def _execute(
     claimed = await store.claim_tool_call(current.tool_call_id, current.attempts, again)
     if claimed is None:
         return await _await_other_driver(store, current, spec)
-    return await _run_claimed(store, spec, claimed, args, tctx, breaker)
+    return await _run_claimed(store, spec, claimed, args, tctx, breaker, recording)
 
 
 async def _run_claimed(
@@ -356,6 +362,7 @@ async def _run_claimed(
     args: BaseModel,
     tctx: ToolContext,
     breaker: Breaker,
+    recording: Recording,
 ) -> ToolCall:
     """Run the handler of a call whose attempt this driver has counted, and record it."""
     # On cancellation (user cancel, timeout, shutdown) the row stays `running` with its
@@ -393,8 +400,12 @@ async def _run_claimed(
                 "code": Code.TOOL_OUTCOME_UNKNOWN,
                 "message": f"{error['message']}; the effect may have happened",
             }
+
     # Once the handler has returned, its outcome must reach the ledger, and before a
     # cancellation goes on: a cancel then settles the calls it finds still running.
-    return await to_the_end(
-        _finish(store, current, status, output, error, attempts - 1, tctx.artifacts)
-    )
+    # A database blip meanwhile must not lose it: the write is tried again.
+    def write() -> Awaitable[ToolCall]:
+        return _finish(store, current, status, output, error, attempts - 1, tctx.artifacts)
+
+    what = f"the outcome of {current.tool_call_id}"
+    return await to_the_end(with_retries(write, recording.bound(), what))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable
 
 from runtime.aio import within
@@ -142,6 +143,7 @@ class Worker:
             ]
             if not leases:
                 continue
+            sent = time.monotonic()  # a renewal granted holds from no earlier than this
             try:
                 held = await engine.store.renew_leases(engine.owner, leases, engine.lease_s)
             except TRANSIENT_DB_ERRORS:
@@ -149,6 +151,8 @@ class Worker:
                 continue
             for run_id, version, _ in leases:
                 drive = engine.drives.get(run_id)
+                if run_id in held and drive is not None and drive.version == version:
+                    drive.renewed = sent
                 # The drive whose lease this was: a later one of the run (claimed again once
                 # that lease was released) holds a lease of its own, and keeps it.
                 if run_id not in held and drive is not None and drive.version == version:
