@@ -34,7 +34,7 @@ class Context:
     """The run's agent: whose decisions a graph built without an ``agent_id`` makes."""
     recording: Recording | None = None
     """How the drive records its calls' outcomes through a database blip (None: for as
-    long as :data:`runtime.recording.WITHOUT_LEASE_S`)."""
+    long as :data:`runtime.recording.WITHOUT_LEASE_S`, kept by nobody)."""
 
     def may_have_recorded(self, step_index: int) -> bool:
         """Whether an earlier drive may have recorded this step (replay after a crash).

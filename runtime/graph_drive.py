@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from runtime.commands import Drive, RunCommands
 from runtime.context import Context
 from runtime.errors import Code
 from runtime.model import Approval, Run, Usage
-from runtime.recording import Recording
+from runtime.recording import Recording, Unrecorded
 from runtime.store.base import RunStore
 
 RECURSION_LIMIT = 100_000  # the run's own budgets bound the loop, not LangGraph's step cap
@@ -99,13 +100,20 @@ class GraphDriving(RunCommands):
         if run_id in self._cancelling:
             raise asyncio.CancelledError(f"cancel of {run_id} requested")
 
+    @functools.cached_property
+    def unrecorded(self) -> Unrecorded:
+        """Outcomes of calls this engine's drives ran but could not record: the
+        engine's, not the module's, as an engine stands for a process (tests run several
+        in one, and one may not know what another ran)."""
+        return Unrecorded()
+
     def _recording(self, run_id: str) -> Recording:
         """How the calling drive records its calls' outcomes: retried while its lease
-        surely holds (from its grant or last renewal)."""
+        surely holds (from its grant or last renewal), kept by the engine past that."""
         drive = self._own_drive(run_id)
         if drive is None:
-            return Recording()
-        return Recording(lambda: drive.renewed + self.lease_s)
+            return Recording(self.unrecorded)
+        return Recording(self.unrecorded, lambda: drive.renewed + self.lease_s)
 
     def _clock_reading(self, run_id: str) -> float | None:
         drive = self._own_drive(run_id)

@@ -24,7 +24,7 @@ from runtime.errors import Code
 from runtime.events import summarize
 from runtime.ids import idempotency_key
 from runtime.model import ToolCall, utcnow
-from runtime.recording import Recording, with_retries
+from runtime.recording import Finished, Recording
 from runtime.scrubbing import scrub as scrub
 from runtime.scrubbing import secret_values as secret_values
 from runtime.services import NodeStore, close_call
@@ -314,6 +314,9 @@ async def _execute(
         return await _run_claimed(store, spec, current, args, tctx, breaker, recording)
     if current.status in FINISHED:
         return current
+    kept = None if rerun else recording.kept.find(current.tool_call_id, current.attempts)
+    if kept is not None:  # this process ran it to its end: its outcome is known
+        return await to_the_end(_record(store, current, kept, tctx, recording))
     if current.attempts > 0 and not rerun:
         # An earlier drive started the handler and died before recording its outcome.
         if spec.reconcile is not None:
@@ -400,12 +403,20 @@ async def _run_claimed(
                 "code": Code.TOOL_OUTCOME_UNKNOWN,
                 "message": f"{error['message']}; the effect may have happened",
             }
-
     # Once the handler has returned, its outcome must reach the ledger, and before a
-    # cancellation goes on: a cancel then settles the calls it finds still running.
-    # A database blip meanwhile must not lose it: the write is tried again.
-    def write() -> Awaitable[ToolCall]:
-        return _finish(store, current, status, output, error, attempts - 1, tctx.artifacts)
+    # cancellation goes on: a cancel then settles the calls it finds still running. A
+    # database blip meanwhile must not lose it (see runtime.recording).
+    finished = Finished(current.attempts, status, output, error, attempts - 1)
+    return await to_the_end(_record(store, current, finished, tctx, recording))
 
-    what = f"the outcome of {current.tool_call_id}"
-    return await to_the_end(with_retries(write, recording.bound(), what))
+
+async def _record(
+    store: NodeStore, row: ToolCall, done: Finished, tctx: ToolContext, recording: Recording
+) -> ToolCall:
+    """Record the outcome of a handler that ran: tried again through a database blip,
+    kept by the engine for its next drive of the run where it still cannot be."""
+
+    def write() -> Awaitable[ToolCall]:
+        return _finish(store, row, done.status, done.output, done.error, done.tries, tctx.artifacts)
+
+    return await recording.outcome(row.tool_call_id, done, write)

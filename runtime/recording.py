@@ -10,6 +10,10 @@ pool discards a broken one as it comes back), for as long as the drive's lease s
 holds. Repeating it is safe: it moves the row on only from ``running``, under the
 lease's fence, and a write after the lease went to another worker is refused
 (:class:`LeaseLost`, never retried).
+
+An outcome still unrecorded when the lease may be gone is kept by the engine
+(:class:`Unrecorded`): the next drive of the run in this process records it instead of
+calling it unknown. Another process's drive cannot know it, and does as before.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +37,63 @@ RETRY_MAX_S = 0.5
 WITHOUT_LEASE_S = 5.0
 """How long a write is retried where no lease bounds it (a graph run outside the
 engine, a unit test): a blip's length, not an outage's."""
+MOST_KEPT = 256
+"""Unrecorded outcomes an engine keeps at most; past it the oldest is let go (its call
+is then unknown to the next drive, as it would be to another process's)."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A call's outcome as its handler left it, not yet in the ledger."""
+
+    attempts: int
+    """The row's attempts when its handler ran: a later claim means someone ran it again."""
+    status: str
+    output: Any
+    error: dict[str, Any] | None
+    tries: int
+    """Further attempts the handler made itself (retries of transient faults)."""
+
+
+class Unrecorded:
+    """Outcomes of calls this engine ran to their end but could not record, by
+    tool_call_id, until a later drive records them (bounded: :data:`MOST_KEPT`)."""
+
+    def __init__(self, most: int = MOST_KEPT) -> None:
+        self._kept: OrderedDict[str, Finished] = OrderedDict()
+        self._most = most
+
+    def keep(self, tool_call_id: str, finished: Finished) -> None:
+        self._kept[tool_call_id] = finished
+        self._kept.move_to_end(tool_call_id)
+        while len(self._kept) > self._most:
+            dropped, _ = self._kept.popitem(last=False)
+            log.warning("let go of the unrecorded outcome of %s: too many kept", dropped)
+
+    def find(self, tool_call_id: str, attempts: int) -> Finished | None:
+        """The outcome kept for the call's attempt ``attempts`` (one of another attempt
+        is stale: the call has been run again since, and is forgotten)."""
+        finished = self._kept.get(tool_call_id)
+        if finished is not None and finished.attempts != attempts:
+            self.forget(tool_call_id)
+            return None
+        return finished
+
+    def forget(self, tool_call_id: str) -> None:
+        self._kept.pop(tool_call_id, None)
+
+    def __len__(self) -> int:
+        return len(self._kept)
 
 
 class Recording:
-    """How a drive records its calls' outcomes: until when (``time.monotonic()``) the
-    drive's lease surely holds."""
+    """How a drive records its calls' outcomes: the engine's :class:`Unrecorded`, and
+    until when (``time.monotonic()``) the drive's lease surely holds."""
 
-    def __init__(self, held_until: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, kept: Unrecorded | None = None, held_until: Callable[[], float] | None = None
+    ) -> None:
+        self.kept = kept if kept is not None else Unrecorded()
         self._held_until = held_until
 
     def bound(self) -> Callable[[], float]:
@@ -49,6 +105,21 @@ class Recording:
             return self._held_until
         deadline = time.monotonic() + WITHOUT_LEASE_S
         return lambda: deadline
+
+    async def outcome(
+        self, tool_call_id: str, finished: Finished, write: Callable[[], Awaitable[T]]
+    ) -> T:
+        """``write()`` of the call's ``finished`` outcome, tried again through a blip
+        (:func:`with_retries`); kept for a later drive if it still fails."""
+        try:
+            written = await with_retries(write, self.bound(), f"the outcome of {tool_call_id}")
+        except Exception:
+            # Whatever failed, the outcome is true: a drive that finds the call as this
+            # one left it (running, at this attempt) may record it.
+            self.kept.keep(tool_call_id, finished)
+            raise
+        self.kept.forget(tool_call_id)
+        return written
 
 
 async def with_retries(

@@ -192,6 +192,36 @@ async def test_an_outcome_whose_write_meets_a_blip_is_recorded(
     assert events[-1].data["status"] == "succeeded"
 
 
+async def left_unrecorded(
+    store: RunStore, blip: Blip, run_id: str, shipped: list[str]
+) -> tuple[ToolSpec, Recording]:
+    """A call whose handler ran, and whose outcome a blip kept out of the ledger past a
+    lease that may have expired already (nothing was tried again)."""
+    spec = ship_tool(shipped, blip, BLIP_S)
+    recording = Recording(held_until=lambda: 0.0)
+    with pytest.raises((psycopg.OperationalError, sqlite3.OperationalError)):
+        await execute(store, run_id, spec, recording)
+    await blip.over(store)
+    return spec, recording
+
+
+async def test_an_outcome_unrecorded_past_the_lease_is_recorded_by_the_next_drive(
+    store: RunStore, blip: Blip, make_run: MakeRun
+) -> None:
+    run = await make_run(store)
+    shipped: list[str] = []
+    spec, recording = await left_unrecorded(store, blip, run.run_id, shipped)
+    [left] = await store.list_tool_calls(run.run_id)
+    assert left.status == "running" and len(recording.kept) == 1
+
+    row = await execute(store, run.run_id, spec, recording)
+
+    assert row.status == "succeeded" and row.output == {"shipped": "box"}, row
+    assert row.attempts == 1 and len(shipped) == 1 and len(recording.kept) == 0
+    events = await store.list_events(run.run_id)
+    assert [e.type for e in events] == ["state", "action", "result"]
+
+
 # -- the engine: a run whose call meets the blip -------------------------------
 
 
@@ -207,13 +237,14 @@ def shipper(shipped: list[str], blip: Blip, seconds: float) -> dict[str, AgentSp
 
 @pytest.mark.parametrize(
     ("lease_s", "blip_s"),
-    [(30.0, BLIP_S)],
-    ids=["blip-within-the-lease"],
+    [(30.0, BLIP_S), (1.0, 2.5)],
+    ids=["blip-within-the-lease", "outage-past-the-lease"],
 )
 async def test_a_run_whose_outcome_meets_a_blip_ends_without_a_human(
     blip: Blip, data_dir: Path, lease_s: float, blip_s: float
 ) -> None:
-    """Within the lease the write is tried again."""
+    """Within the lease the write is tried again; past it the drive fails, and the next
+    one (this process's) records the outcome the engine kept."""
     shipped: list[str] = []
     settings = Settings(
         data_dir=data_dir,
