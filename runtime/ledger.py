@@ -318,7 +318,8 @@ async def _execute(
     if kept is not None:  # this process ran it to its end: its outcome is known
         return await to_the_end(_record(store, current, kept, tctx, recording))
     if current.attempts > 0 and not rerun:
-        # An earlier drive started the handler and died before recording its outcome.
+        # An earlier drive started the handler and stopped before recording its outcome:
+        # its process, or the database, failed; which, this drive cannot tell.
         if spec.reconcile is not None:
             # A system that does not answer fails this drive (a retry asks again) rather
             # than holding the run, and its lease, for ever.
@@ -332,7 +333,8 @@ async def _execute(
                 status="unknown",
                 error={
                     "code": Code.TOOL_OUTCOME_UNKNOWN,
-                    "message": "process stopped during a non-idempotent call",
+                    "message": "the drive that ran this non-idempotent call stopped before "
+                    "its outcome was recorded (its process stopped, or the database failed)",
                 },
             )
     if not breaker.allow():

@@ -137,7 +137,12 @@ async def test_an_interrupted_side_effect_waits_for_a_human(env: NodeEnv) -> Non
     assert ask["kind"] == "outcome_unknown" and ask["needs_approval"] is True
     assert ask["unknown_after_attempts"] == 1
     stuck = await env.store.get_tool_call(c["tool_call_id"])
-    assert stuck is not None and stuck.status == "unknown"
+    assert stuck is not None and stuck.status == "unknown" and stuck.error is not None
+    # The human is told what the ledger knows: not that the process stopped, which
+    # it may not have (the database may have failed as the outcome was written).
+    why = stuck.error["message"]
+    assert "its process stopped, or the database failed" in why
+    assert f"is unknown: {why}. Approve to run it again" in ask["reason"], ask["reason"]
 
     await env.approve(ask)  # "run it again"
     rerun = await node(env.state(calls=[ask], usage=update["usage"]), env.runtime)

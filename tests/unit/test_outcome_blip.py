@@ -222,6 +222,24 @@ async def test_an_outcome_unrecorded_past_the_lease_is_recorded_by_the_next_driv
     assert [e.type for e in events] == ["state", "action", "result"]
 
 
+async def test_a_drive_that_does_not_know_the_outcome_says_why_it_is_unknown(
+    store: RunStore, blip: Blip, make_run: MakeRun
+) -> None:
+    run = await make_run(store)
+    shipped: list[str] = []
+    spec, _ = await left_unrecorded(store, blip, run.run_id, shipped)
+
+    # Another process's drive: it kept nothing.
+    row = await execute(store, run.run_id, spec, Recording())
+
+    assert row.status == "unknown" and len(shipped) == 1
+    assert row.error == {
+        "code": "TOOL_OUTCOME_UNKNOWN",
+        "message": "the drive that ran this non-idempotent call stopped before its "
+        "outcome was recorded (its process stopped, or the database failed)",
+    }
+
+
 # -- the engine: a run whose call meets the blip -------------------------------
 
 
