@@ -28,7 +28,7 @@ from graphs.run_graph import build_run_graph
 from runtime import ids
 from runtime.agent import AgentSpec
 from runtime.backend import open_backend
-from runtime.ledger import StoreArtifacts, execute_once, new_ledger_row
+from runtime.ledger import INLINE_OUTPUT_BYTES, StoreArtifacts, execute_once, new_ledger_row
 from runtime.lifecycle import State
 from runtime.model import Decision, RunContext, RunCreate, ToolCall
 from runtime.planner import PlannerView
@@ -121,6 +121,8 @@ def blip(
 class ShipArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     item: str = "box"
+    manifest_kb: int = 0
+    """An output this large becomes an artifact: one more write before the outcome's."""
 
 
 def ship_tool(shipped: list[str], blip: Blip, seconds: float) -> ToolSpec:
@@ -130,6 +132,8 @@ def ship_tool(shipped: list[str], blip: Blip, seconds: float) -> ToolSpec:
         shipped.append(ctx.idempotency_key)
         if len(shipped) == 1:
             blip.start(seconds)
+        if args.manifest_kb:
+            return {"shipped": args.item, "manifest": "x" * 1024 * args.manifest_kb}
         return {"shipped": args.item}
 
     return ToolSpec("ship", "1", "Ship a box.", ShipArgs, ship, side_effect=True, idempotent=False)
@@ -149,7 +153,11 @@ async def store(blip: Blip) -> AsyncIterator[RunStore]:
 
 
 async def execute(
-    store: RunStore, run_id: str, spec: ToolSpec, recording: Recording | None = None
+    store: RunStore,
+    run_id: str,
+    spec: ToolSpec,
+    recording: Recording | None = None,
+    ship: ShipArgs | None = None,
 ) -> ToolCall:
     # A lease of its own, as a drive has: the one before it (left unreleased by a
     # drive that failed) lapses first.
@@ -160,7 +168,8 @@ async def execute(
                 break
             await asyncio.sleep(0.05)
     fenced = store.fenced(run_id, version)
-    args = {"item": "box"}
+    ship = ship or ShipArgs()
+    args = ship.model_dump()
     row = new_ledger_row(
         run_id, 0, 0, ids.tool_call_id(run_id, 0, 0), spec, args, ids.content_hash(args)
     )
@@ -172,7 +181,7 @@ async def execute(
         artifacts=StoreArtifacts(fenced, run_id),
     )
     action = {"tool_call_id": row.tool_call_id, "tool": spec.name}
-    return await execute_once(fenced, spec, row, ShipArgs(), tctx, action, recording=recording)
+    return await execute_once(fenced, spec, row, ship, tctx, action, recording=recording)
 
 
 async def test_an_outcome_whose_write_meets_a_blip_is_recorded(
@@ -190,6 +199,26 @@ async def test_an_outcome_whose_write_meets_a_blip_is_recorded(
     events = await store.list_events(run.run_id)
     assert [e.type for e in events] == ["state", "action", "result"]
     assert events[-1].data["status"] == "succeeded"
+
+
+async def test_a_large_outcome_whose_writes_meet_a_blip_is_recorded(
+    store: RunStore, blip: Blip, make_run: MakeRun
+) -> None:
+    """Its artifact is written first: the blip meets that write, and both are tried again."""
+    run = await make_run(store)
+    shipped: list[str] = []
+    ship = ShipArgs(manifest_kb=INLINE_OUTPUT_BYTES // 1024 + 1)
+
+    row = await execute(store, run.run_id, ship_tool(shipped, blip, BLIP_S), ship=ship)
+
+    assert row.status == "succeeded" and row.artifact_id is not None, row
+    assert row.attempts == 1 and len(shipped) == 1
+    await blip.over(store)
+    stored = await store.get_artifact(row.artifact_id)
+    assert stored is not None and b'"shipped": "box"' in stored[1]
+    events = await store.list_events(run.run_id)
+    assert [e.type for e in events] == ["state", "action", "artifact", "result"]
+    assert events[-1].data["artifact_id"] == row.artifact_id
 
 
 async def left_unrecorded(
