@@ -15,7 +15,7 @@ from runtime.eventbus import EventBus
 from runtime.events import is_terminal_event
 from runtime.lifecycle import TERMINAL
 from runtime.model import Event, UnreadableEvent
-from runtime.retry import DATABASE_ERRORS
+from runtime.retry import DATABASE_ERRORS, TRANSIENT_DB_ERRORS
 from runtime.store.base import RunStore
 from runtime.store.records import ShownEvent, shown
 from server.settings import one_line
@@ -107,7 +107,12 @@ async def event_stream(
         # The response has started: no problem document can follow. Ended cleanly, the
         # client reconnects after the `retry` line's second, with its Last-Event-ID,
         # and is answered a 503 if the database is still away.
-        log.warning("the event stream of %s ended on a database error: %s", run_id, one_line(exc))
+        if isinstance(exc, TRANSIENT_DB_ERRORS):  # a blip: the reconnect is the remedy
+            log.warning(
+                "the event stream of %s ended on a database error: %s", run_id, one_line(exc)
+            )
+        else:  # a schema or a query at fault, not the connection: its traceback is wanted
+            log.exception("the event stream of %s ended on a database error", run_id)
 
 
 class StreamSlots:
