@@ -98,9 +98,10 @@ class Recording:
 
     def bound(self) -> Callable[[], float]:
         """Until when (``time.monotonic()``) a write failing from now on is tried again:
-        the lease's end, which a renewal meanwhile moves on. Past it the lease may have
-        expired, and another worker may drive the run (its fence would refuse the write;
-        trying on would only hold this drive, and a shutdown waiting for it)."""
+        the lease's end as of its first failure (see :func:`with_retries`). Past it the
+        lease may have expired, and another worker may drive the run (its fence would
+        refuse the write; trying on would only hold this drive, and a shutdown waiting
+        for it)."""
         if self._held_until is not None:
             return self._held_until
         deadline = time.monotonic() + WITHOUT_LEASE_S
@@ -126,17 +127,25 @@ async def with_retries(
     write: Callable[[], Awaitable[T]], until: Callable[[], float], what: str
 ) -> T:
     """``write()``, tried again on a transient database error until ``until()``
-    (monotonic); the last error is raised. Only for a write safe to repeat."""
+    (monotonic) as it is at the first failure; the last error is raised. Only for a
+    write safe to repeat."""
     from runtime.retry import TRANSIENT_DB_ERRORS  # here: runtime.retry imports the ledger
 
     tries = 0
+    deadline: float | None = None
     while True:
         tries += 1
         try:
             return await write()
         except TRANSIENT_DB_ERRORS as exc:
+            if deadline is None:
+                # Not moved on by the renewals that follow: a failure that lasts (a disk
+                # full for the output, not for a renewal's few bytes) would hold the
+                # drive, and a cancel of its run, for ever; once the drive has failed,
+                # the count of failed drives bounds it (README: the fifth ends the run).
+                deadline = until()
             delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (tries - 1))
-            if time.monotonic() + delay > until():
+            if time.monotonic() + delay > deadline:
                 raise
             log.warning("could not record %s (try %d): %r; trying again", what, tries, exc)
             await asyncio.sleep(delay)

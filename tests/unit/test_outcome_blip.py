@@ -323,3 +323,49 @@ async def test_a_run_whose_outcome_meets_a_blip_ends_without_a_human(
         ("result", "succeeded"),
     ], mine
     assert not [e for e in events if e.type == "error"], events
+
+
+async def test_a_failure_that_lasts_holds_the_drive_no_longer_than_a_lease(
+    tmp_path: Path,
+) -> None:
+    """Not a blip: the disk is full for a large output, and not for a renewal's few
+    bytes, so the heartbeat goes on renewing the lease. The retries stop a lease after
+    the first failure all the same (they followed the renewals, and held the drive, and
+    a cancel of its run, for ever); the run is then driven as after any failed drive,
+    and a cancel ends it."""
+    url = f"sqlite:///{tmp_path / 'runtime.db'}"
+    full = Blip(url, None)
+    store: list[RunStore] = []
+    filled = asyncio.Event()
+
+    def disk_full(seconds: float) -> None:  # as the handler returns
+        conn = store[0]._conn._conn  # type: ignore[attr-defined]  # the store's own
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages + 20}")
+        filled.set()
+
+    full.start = disk_full  # type: ignore[method-assign]
+    shipped: list[str] = []
+    tools = ToolRegistry([ship_tool(shipped, full, 0)])
+
+    def script(view: PlannerView) -> Decision:
+        return finish("shipped") if view.observations else call("ship", manifest_kb=3000)
+
+    graph = build_run_graph(ScriptPlanner(script), tools, DefaultPolicy())
+    agents = {"shipper": AgentSpec("shipper", "ships a box", graph, tools)}
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=url,
+        default_agent="shipper",
+        lease_seconds=1.0,
+        drive_retry_seconds=0.1,
+    )
+    async with open_host(settings, agents) as host:
+        store.append(host.store)
+        run, _ = await host.engine.create_run(RunCreate(agent_id="shipper", input="ship"))
+        await asyncio.wait_for(filled.wait(), 10)
+        await asyncio.sleep(2.0)  # two leases: renewed all along
+        ended = await host.engine.cancel(run.run_id, "stop", wait_s=5)
+    assert ended.state is State.FAILED, ended.state
+    assert ended.outcome is not None and ended.outcome.code == "RUN_CANCELLED"
+    assert len(shipped) == 1
