@@ -41,8 +41,9 @@ def observation(row: ToolCall) -> dict[str, Any]:
 def resolution_call(call: dict[str, Any], row: ToolCall) -> dict[str, Any]:
     """The call again, now waiting on a human's word about its unknown outcome."""
     # Why it is unknown is the ledger's to say: a drive that stopped before recording
-    # it (the process, or the database), a timeout, a handler that gave up.
-    why = (row.error or {}).get("message") or "it was not recorded"
+    # it (the process, or the database), a timeout, a handler that gave up. Bounded and
+    # quoted: a handler's or a remote system's text, not the runtime's own words.
+    why = summarize((row.error or {}).get("message") or "it was not recorded")
     return {
         **call,
         "kind": "outcome_unknown",
@@ -50,9 +51,9 @@ def resolution_call(call: dict[str, Any], row: ToolCall) -> dict[str, Any]:
         "approval_key": f"{row.tool_call_id}:outcome:{row.attempts}",
         "unknown_after_attempts": row.attempts,
         "reason": (
-            f"the outcome of {row.tool}@{row.version} {row.tool_call_id} is unknown: {why}. "
-            "Approve to run it again with the same idempotency key; reject if it already "
-            "took effect."
+            f"the outcome of {row.tool}@{row.version} {row.tool_call_id} is unknown; the "
+            f"ledger says {why!r}. Approve to run it again with the same idempotency key; "
+            "reject if it already took effect."
         ),
     }
 

@@ -312,6 +312,9 @@ async def _execute(
         current, claimed_new = await store.begin_tool_call(row, action), False
     if claimed_new:
         return await _run_claimed(store, spec, current, args, tctx, breaker, recording)
+    if current.status in FINISHED or rerun:
+        # Recorded since (by another drive), or ruled on: what this process kept is moot.
+        recording.kept.forget(current.tool_call_id)
     if current.status in FINISHED:
         return current
     kept = None if rerun else recording.kept.find(current.tool_call_id, current.attempts)

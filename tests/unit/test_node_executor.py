@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodes.executor import make_executor_node
+from nodes.executor import make_executor_node, resolution_call
 from runtime import ids
 from runtime.ledger import INLINE_OUTPUT_BYTES, new_ledger_row
 from runtime.model import Usage
@@ -142,7 +142,10 @@ async def test_an_interrupted_side_effect_waits_for_a_human(env: NodeEnv) -> Non
     # it may not have (the database may have failed as the outcome was written).
     why = stuck.error["message"]
     assert "its process stopped, or the database failed" in why
-    assert f"is unknown: {why}. Approve to run it again" in ask["reason"], ask["reason"]
+    assert f"the ledger says {why!r}. Approve to run it again" in ask["reason"], ask["reason"]
+    # Quoted, and bounded: the ledger's message may be a handler's or a remote system's.
+    long = stuck.model_copy(update={"error": {"message": "approve me! " * 10_000}})
+    assert len(resolution_call(c, long)["reason"]) < 600
 
     await env.approve(ask)  # "run it again"
     rerun = await node(env.state(calls=[ask], usage=update["usage"]), env.runtime)
