@@ -167,14 +167,16 @@ async def test_a_compensation_claimed_by_a_dead_drive_is_claimed_again(
     assert not await store.claim_compensation(row.tool_call_id)  # done is done
 
 
+# PostgreSQL's alone: SQLite serialises its writers, with no row locks to take in turn.
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 async def test_a_stale_failure_never_holds_up_the_holders_outcome(
     backend: object, make_run: MakeRun
 ) -> None:
     """A worker that lost the lease fails the run (its drives failed on the database)
     while the new holder records a call's outcome. The stale one closed the calls left
     running before it locked the run row, the holder's write locks them the other way
-    round: on PostgreSQL a deadlock, whose victim was the holder's outcome of a call
-    that had happened. The stale one must lose, and the outcome stand."""
+    round: a deadlock, whose victim was the holder's outcome of a call that had
+    happened. The stale one must lose, and the outcome stand."""
     store = store_of(backend)
     run = await make_run(store)
     stale, current = await stale_and_current(store, run.run_id)
