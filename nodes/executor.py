@@ -78,7 +78,7 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
                     or (approval.args_hash != call["args_hash"])
                 ):
                     raise RuntimeError(f"{call['tool_call_id']} has no matching approval")
-            args = spec.args_model.model_validate(call["args"])
+            args = spec.stored_args(call["args"])
             row = new_ledger_row(
                 ctx.run_id,
                 state["step_index"],

@@ -136,7 +136,7 @@ async def settle_running_calls(
         spec = setting.tools.resolve(row.tool, row.version)
         if spec is None or spec.reconcile is None:
             continue
-        args = spec.args_model.model_validate(row.args)
+        args = spec.stored_args(row.args)
         tctx = replace(setting.context(store, run, row), cut_off=True)
         await settle_cut_off(store, spec, row, args, tctx, {"code": code, "message": message})
     return running
@@ -189,7 +189,7 @@ async def compensate_effects(store: RunStore, setting: CallSetting, run: Run) ->
         tctx = setting.context(store, run, row)
         try:
             await asyncio.wait_for(
-                spec.compensate(spec.args_model.model_validate(row.args), row.output, tctx),
+                spec.compensate(spec.stored_args(row.args), row.output, tctx),
                 spec.timeout_s,
             )
         except asyncio.CancelledError:
@@ -200,7 +200,7 @@ async def compensate_effects(store: RunStore, setting: CallSetting, run: Run) ->
                 await asyncio.shield(store.release_compensation(row.tool_call_id, done=False))
             raise
         except Exception as exc:
-            secrets = secret_values(spec, spec.args_model.model_validate(row.args))
+            secrets = secret_values(spec, spec.stored_args(row.args))
             if secrets:  # a traceback would print the values unscrubbed
                 log.error(
                     "compensation of %s failed: %s", row.tool_call_id, scrub(repr(exc), secrets)

@@ -8,10 +8,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from runtime.memory import Memory
-from runtime.model import Artifact, RunContext
+from runtime.model import Artifact, RunContext, problems_of
 
 Risk = Literal["low", "medium", "high"]
 REDACTED = "[redacted]"
@@ -88,6 +88,17 @@ class ToolSpec:
     @property
     def ref(self) -> str:
         return f"{self.name}@{self.version}"
+
+    def stored_args(self, args: Mapping[str, Any]) -> BaseModel:
+        """A call's args as stored (its ledger row, the run's state), as this tool's
+        model. Where they no longer validate (the tool's args changed since), the error
+        says what is wrong by field, never a value: a validation error's text quotes
+        its input, a secret argument's too, in every traceback that prints it."""
+        try:
+            return self.args_model.model_validate(args)
+        except ValidationError as exc:
+            why = "; ".join(problems_of(exc))
+            raise ValueError(f"{self.ref}: its stored args no longer validate: {why}") from None
 
     def describe(self) -> dict[str, Any]:
         return {
