@@ -450,14 +450,6 @@ def tenant_limit(max_active: int) -> RuntimeProblem:
     )
 
 
-def event_pages(
-    store: RunStore, run_id: str, after: int, limit: int = 1000, *, through: int | None = None
-) -> AsyncIterator[list[Event]]:
-    """The run's log after ``after`` (and up to ``through``), a page of at most
-    ``limit`` events at a time; an event that no longer validates raises."""
-    return log_pages(store.list_events, run_id, after, limit, through)
-
-
 async def readable_events(store: RunStore, run_id: str, after: int) -> AsyncIterator[Event]:
     """The run's log after ``after``, but for events that no longer validate: what the
     runtime reads of it to end a run, which one such event must not make unrecordable

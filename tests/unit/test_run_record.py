@@ -14,8 +14,8 @@ from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
 from runtime.model import Decision, Step, utcnow
 from runtime.store import records
-from runtime.store.base import RunStore, event_pages
-from runtime.store.records import ShownStep
+from runtime.store.base import RunStore
+from runtime.store.records import ShownStep, log_pages
 from tests.unit.conftest import MakeRun
 from tests.unit.test_store import store_of
 
@@ -66,10 +66,12 @@ async def test_the_log_is_read_up_to_the_records_instant(
         await store.append_event(run.run_id, EventType.ERROR, {"i": i})
     through = [
         [e.seq for e in page]
-        async for page in event_pages(store, run.run_id, 0, 2, through=record.last_seq + 2)
+        async for page in log_pages(store.list_events, run.run_id, 0, 2, record.last_seq + 2)
     ]
     assert through == [[1, 2], [3]]
-    everything = [e.seq async for page in event_pages(store, run.run_id, 0, 4) for e in page]
+    everything = [
+        e.seq async for page in log_pages(store.list_events, run.run_id, 0, 4) for e in page
+    ]
     assert everything == [1, 2, 3, 4, 5, 6]
 
 
