@@ -262,6 +262,8 @@ class Engine(GraphDriving):
             failures = found.failures if found is not None else 0
             if found is not None and found.taken_from is not None:
                 await self._record_takeover(store, found, version)
+            if found is not None:
+                await self._record_kept(store, found.run)
             if found is None or found.run.state in TERMINAL:
                 pass
             elif found.takeovers > self.retry.max_takeovers:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,13 +17,19 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, StateSnapshot
 
 from runtime.adapter import Adapter
+from runtime.aio import to_the_end
 from runtime.cancelling import CallSetting, CutOff, fail_cut_off
 from runtime.commands import Drive, RunCommands
 from runtime.context import Context
 from runtime.errors import Code
+from runtime.ledger import StoreArtifacts, write_outcome
+from runtime.lifecycle import TERMINAL
 from runtime.model import Approval, Run, Usage
 from runtime.recording import Recording, Unrecorded
+from runtime.retry import DATABASE_ERRORS
 from runtime.store.base import RunStore
+
+log = logging.getLogger("runtime.engine")
 
 RECURSION_LIMIT = 100_000  # the run's own budgets bound the loop, not LangGraph's step cap
 INTERRUPT = "__interrupt__"
@@ -106,6 +113,27 @@ class GraphDriving(RunCommands):
         engine's, not the module's, as an engine stands for a process (tests run several
         in one, and one may not know what another ran)."""
         return Unrecorded()
+
+    async def _record_kept(self, store: RunStore, run: Run) -> None:
+        """Write the outcomes this engine kept for the run's calls before the drive
+        reads its ledger. The executor would, but a cancel, a crash loop's end or a
+        cut-off closes a call it finds ``running`` as one whose effect may have
+        happened, and a compensating cancel would not compensate it. One try each: a
+        write that fails leaves the outcome kept, for the executor to try again (with
+        retries) or for the ending to close the call as before, never held up by it."""
+        for tool_call_id, finished in self.unrecorded.of_run(run.run_id):
+            row = None if run.state in TERMINAL else await store.get_tool_call(tool_call_id)
+            if row is None or row.status != "running" or row.attempts != finished.attempts:
+                self.unrecorded.forget(tool_call_id)  # recorded, ruled on, or run again
+                continue
+            try:
+                await to_the_end(
+                    write_outcome(store, row, finished, StoreArtifacts(store, run.run_id))
+                )
+            except DATABASE_ERRORS as exc:
+                log.warning("could not record the kept outcome of %s: %r", tool_call_id, exc)
+                continue
+            self.unrecorded.forget(tool_call_id)
 
     def _recording(self, run_id: str) -> Recording:
         """How the calling drive records its calls' outcomes: retried while its lease

@@ -411,7 +411,7 @@ async def _run_claimed(
     # Once the handler has returned, its outcome must reach the ledger, and before a
     # cancellation goes on: a cancel then settles the calls it finds still running. A
     # database blip meanwhile must not lose it (see runtime.recording).
-    finished = Finished(current.attempts, status, output, error, attempts - 1)
+    finished = Finished(current.run_id, current.attempts, status, output, error, attempts - 1)
     return await to_the_end(_record(store, current, finished, tctx, recording))
 
 
@@ -420,8 +420,13 @@ async def _record(
 ) -> ToolCall:
     """Record the outcome of a handler that ran: tried again through a database blip,
     kept by the engine for its next drive of the run where it still cannot be."""
+    return await recording.outcome(
+        row.tool_call_id, done, lambda: write_outcome(store, row, done, tctx.artifacts)
+    )
 
-    def write() -> Awaitable[ToolCall]:
-        return _finish(store, row, done.status, done.output, done.error, done.tries, tctx.artifacts)
 
-    return await recording.outcome(row.tool_call_id, done, write)
+def write_outcome(
+    store: NodeStore, row: ToolCall, done: Finished, artifacts: ArtifactSink
+) -> Awaitable[ToolCall]:
+    """One write of ``done``, the outcome of ``row``'s handler (its artifact first)."""
+    return _finish(store, row, done.status, done.output, done.error, done.tries, artifacts)

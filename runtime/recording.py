@@ -46,6 +46,7 @@ is then unknown to the next drive, as it would be to another process's)."""
 class Finished:
     """A call's outcome as its handler left it, not yet in the ledger."""
 
+    run_id: str
     attempts: int
     """The row's attempts when its handler ran: a later claim means someone ran it again."""
     status: str
@@ -78,6 +79,10 @@ class Unrecorded:
             self.forget(tool_call_id)
             return None
         return finished
+
+    def of_run(self, run_id: str) -> list[tuple[str, Finished]]:
+        """The outcomes kept for the run's calls, by tool_call_id."""
+        return [(key, kept) for key, kept in self._kept.items() if kept.run_id == run_id]
 
     def forget(self, tool_call_id: str) -> None:
         self._kept.pop(tool_call_id, None)
