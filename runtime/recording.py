@@ -19,6 +19,7 @@ calling it unknown. Another process's drive cannot know it, and does as before.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -40,6 +41,10 @@ engine, a unit test): a blip's length, not an outage's."""
 MOST_KEPT = 256
 """Unrecorded outcomes an engine keeps at most; past it the oldest is let go (its call
 is then unknown to the next drive, as it would be to another process's)."""
+MOST_KEPT_BYTES = 64 * 1024 * 1024
+"""Their outputs' JSON an engine keeps at most, the newest kept whatever its size: an
+outage that outlasts leases while tools return megabytes must not grow the process
+without end."""
 
 
 @dataclass(frozen=True)
@@ -60,16 +65,24 @@ class Unrecorded:
     """Outcomes of calls this engine ran to their end but could not record, by
     tool_call_id, until a later drive records them (bounded: :data:`MOST_KEPT`)."""
 
-    def __init__(self, most: int = MOST_KEPT) -> None:
+    def __init__(self, most: int = MOST_KEPT, most_bytes: int = MOST_KEPT_BYTES) -> None:
         self._kept: OrderedDict[str, Finished] = OrderedDict()
+        self._sizes: dict[str, int] = {}
         self._most = most
+        self._most_bytes = most_bytes
 
     def keep(self, tool_call_id: str, finished: Finished) -> None:
+        self.forget(tool_call_id)
         self._kept[tool_call_id] = finished
-        self._kept.move_to_end(tool_call_id)
-        while len(self._kept) > self._most:
-            dropped, _ = self._kept.popitem(last=False)
-            log.warning("let go of the unrecorded outcome of %s: too many kept", dropped)
+        # Its size as the ledger would write it, roughly: measured once, on a path an
+        # outage alone takes.
+        self._sizes[tool_call_id] = len(json.dumps(finished.output, default=str))
+        while len(self._kept) > 1 and (
+            len(self._kept) > self._most or sum(self._sizes.values()) > self._most_bytes
+        ):
+            dropped = next(iter(self._kept))
+            self.forget(dropped)
+            log.warning("let go of the unrecorded outcome of %s: too much kept", dropped)
 
     def find(self, tool_call_id: str, attempts: int) -> Finished | None:
         """The outcome kept for the call's attempt ``attempts`` (one of another attempt
@@ -86,6 +99,7 @@ class Unrecorded:
 
     def forget(self, tool_call_id: str) -> None:
         self._kept.pop(tool_call_id, None)
+        self._sizes.pop(tool_call_id, None)
 
     def __len__(self) -> int:
         return len(self._kept)
