@@ -63,7 +63,8 @@ class Finished:
 
 class Unrecorded:
     """Outcomes of calls this engine ran to their end but could not record, by
-    tool_call_id, until a later drive records them (bounded: :data:`MOST_KEPT`)."""
+    tool_call_id, until a later drive records them (bounded: :data:`MOST_KEPT`,
+    :data:`MOST_KEPT_BYTES`)."""
 
     def __init__(self, most: int = MOST_KEPT, most_bytes: int = MOST_KEPT_BYTES) -> None:
         self._kept: OrderedDict[str, Finished] = OrderedDict()
@@ -74,9 +75,7 @@ class Unrecorded:
     def keep(self, tool_call_id: str, finished: Finished) -> None:
         self.forget(tool_call_id)
         self._kept[tool_call_id] = finished
-        # Its size as the ledger would write it, roughly: measured once, on a path an
-        # outage alone takes.
-        self._sizes[tool_call_id] = len(json.dumps(finished.output, default=str))
+        self._sizes[tool_call_id] = _size(finished.output)
         while len(self._kept) > 1 and (
             len(self._kept) > self._most or sum(self._sizes.values()) > self._most_bytes
         ):
@@ -103,6 +102,16 @@ class Unrecorded:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+
+def _size(output: Any) -> int:
+    """The output's size as the ledger would write it, roughly: measured once, on a path
+    an outage alone takes. One JSON cannot hold (a cycle) is never written: it counts
+    nothing, and must not replace the error that is being kept for."""
+    try:
+        return len(json.dumps(output, default=str))
+    except (TypeError, ValueError, RecursionError):
+        return 0
 
 
 class Recording:
