@@ -23,7 +23,6 @@ from typing import Any
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.store.base import BaseStore
 
-from runtime.adapter import fail_run
 from runtime.agent import AgentSpec
 from runtime.backend import settle_checkpointer
 from runtime.budget import Maxima, effective_limits
@@ -39,13 +38,11 @@ from runtime.lifecycle import TERMINAL, State
 from runtime.metrics import Metrics
 from runtime.model import Run, RunCreate, utcnow
 from runtime.retry import (
-    DATABASE_ERRORS,
     TRANSIENT_DB_ERRORS,
     DriveRetry,
+    after_broken_drive,
     after_failed_drive,
     fail_crash_loop,
-    fail_unrecorded,
-    named,
 )
 from runtime.store.base import DriveStart, LeaseLost, RunStore
 
@@ -355,46 +352,14 @@ class Engine(GraphDriving):
         except Exception as exc:
             how = "failed"
             log.exception("run %s failed", run_id)
-            try:
-                await fail_run(store, run_id, Code.INTERNAL_ERROR, named(exc))
-            except LeaseLost:  # the error came after the lease moved on: not ours to record
+            handed = await after_broken_drive(
+                store, run_id, exc, failures, progress.made, self.retry, carries_cancel
+            )
+            if handed is None:  # the error came after the lease moved on: not ours to record
                 how = "lease_lost"
                 _lease_lost(store, run_id)
                 return
-            except Exception as unrecorded:
-                # The same error may fail every drive from now on, and its record with
-                # it (a row that no longer validates): counted as a database error's
-                # drive is, and at the limit the run is failed without reading it. A
-                # cancel's own drive is not retried: it ends the run as cancelled now.
-                if failures is None:
-                    failures = await _stored_failures(store, run_id)
-                if progress.made:
-                    failures = 1
-                elif failures is not None:
-                    failures += 1
-                give_up = carries_cancel or (failures or 1) >= self.retry.max_failures
-                # (Not where recording failed on the database: a blip, or a connection's
-                # own trouble, may be all it was.)
-                if not give_up or isinstance(unrecorded, DATABASE_ERRORS):
-                    log.exception(
-                        "could not record the failure of %s (%d in a row); handing it back",
-                        run_id, failures or 1,
-                    )  # fmt: skip
-                    retry_in = self.retry.delay(failures or 1)
-                else:
-                    log.exception("could not record the failure of %s; failing it unread", run_id)
-                    try:
-                        message = f"the drive failed: {named(exc)}"
-                        await fail_unrecorded(
-                            store, run_id, Code.INTERNAL_ERROR, message, unrecorded
-                        )
-                    except LeaseLost:
-                        how = "lease_lost"
-                        _lease_lost(store, run_id)
-                        return
-                    except Exception:
-                        log.exception("could not fail %s unread either; handing it back", run_id)
-                        retry_in = self.retry.delay(failures or 1)
+            retry_in, failures = handed
         finally:
             if drive is not None and drive.version == version:
                 drive.ending = True
@@ -518,16 +483,6 @@ async def _flush_quietly(store: RunStore) -> None:
         log.warning("a drive's deferred state change was not written", exc_info=True)
     finally:
         store.close_journal()
-
-
-async def _stored_failures(store: RunStore, run_id: str) -> int | None:
-    """The run's failed drives in a row, as stored, for a drive that could not read its
-    run (None: not even that; the release then counts one more)."""
-    try:
-        lease = await store.lease_of(run_id)
-    except Exception:
-        return None
-    return None if lease is None else int(lease["drive_failures"])
 
 
 def _lease_lost(store: RunStore, run_id: str) -> None:

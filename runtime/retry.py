@@ -114,6 +114,67 @@ async def after_failed_drive(
     return None
 
 
+async def after_broken_drive(
+    store: RunStore,
+    run_id: str,
+    exc: Exception,
+    failures: int | None,
+    made: bool,
+    retry: DriveRetry,
+    carries_cancel: bool,
+) -> tuple[float | None, int | None] | None:
+    """The drive ended on ``exc``, not a database's error: the run fails with it. Returns
+    when to drive it again (None: it has ended) and its failed drives in a row as they
+    now stand, or None where the lease moved on meanwhile (not ours to record).
+
+    ``failures``: the drives before this one that failed, as the drive read them;
+    ``made``: the drive moved the run on; ``carries_cancel``: it carried out a cancel."""
+    try:
+        await fail_run(store, run_id, Code.INTERNAL_ERROR, named(exc))
+    except LeaseLost:
+        return None
+    except Exception as unrecorded:
+        # The same error may fail every drive from now on, and its record with it (a row
+        # that no longer validates): counted as a database error's drive is, and at the
+        # limit the run is failed without reading it. A cancel's own drive is not
+        # retried: it ends the run as cancelled now.
+        if failures is None:
+            failures = await _stored_failures(store, run_id)
+        if made:
+            failures = 1
+        elif failures is not None:
+            failures += 1
+        give_up = carries_cancel or (failures or 1) >= retry.max_failures
+        # (Not where recording failed on the database: a blip, or a connection's own
+        # trouble, may be all it was.)
+        if not give_up or isinstance(unrecorded, DATABASE_ERRORS):
+            log.exception(
+                "could not record the failure of %s (%d in a row); handing it back",
+                run_id, failures or 1,
+            )  # fmt: skip
+            return retry.delay(failures or 1), failures
+        log.exception("could not record the failure of %s; failing it unread", run_id)
+        try:
+            message = f"the drive failed: {named(exc)}"
+            await fail_unrecorded(store, run_id, Code.INTERNAL_ERROR, message, unrecorded)
+        except LeaseLost:
+            return None
+        except Exception:
+            log.exception("could not fail %s unread either; handing it back", run_id)
+            return retry.delay(failures or 1), failures
+    return None, failures
+
+
+async def _stored_failures(store: RunStore, run_id: str) -> int | None:
+    """The run's failed drives in a row, as stored, for a drive that could not read its
+    run (None: not even that; the release then counts one more)."""
+    try:
+        lease = await store.lease_of(run_id)
+    except Exception:
+        return None
+    return None if lease is None else int(lease["drive_failures"])
+
+
 def _lease_lost(run_id: str, failures: int, retry: DriveRetry) -> float:
     """Another worker took the run while this one failed it: routine, not an error (no
     traceback). Handed back as after any failed drive: the release finds the lease gone."""
