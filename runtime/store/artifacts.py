@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import zlib
+
+from pydantic import ValidationError
 
 from runtime.events import EventType
 from runtime.model import Artifact
 from runtime.store.core import StoreCore, _dec
 
+log = logging.getLogger("runtime.store")
+
 ARTIFACT_KEY = "artifact:"
 """The dedupe key prefix of a run's ``artifact`` events: the artifact's references."""
+OPAQUE = "application/octet-stream"
+"""The media type of bytes whose own is no longer known."""
 ARTIFACT_LOCKS = 256
 """Lock stripes shared by writing an artifact and deleting unnamed ones (retention):
 a bounded number, so one prune of many artifacts takes at most this many locks."""
@@ -65,7 +72,31 @@ class ArtifactQueries(StoreCore):
             )
         if row is None:
             return None
-        return Artifact.model_validate({**_dec(row)["data"], "run_id": row["run_id"]})
+        data = _dec(row)["data"]
+        try:
+            return Artifact.model_validate({**data, "run_id": row["run_id"]})
+        except (ValidationError, TypeError):
+            # The event names the artifact (its key) but no longer says under which name
+            # and media type: the tenant's bytes are still its own, served as opaque
+            # bytes under their id, never under another tenant's name for them.
+            log.warning(
+                "artifact event of %s for %s no longer validates", row["run_id"], artifact_id
+            )
+        async with self.read(runs=False) as tx:
+            stored = await tx.fetchone(
+                "SELECT size, created_at FROM artifacts WHERE artifact_id = ?", (artifact_id,)
+            )
+        if stored is None:
+            return None
+        return Artifact.model_validate(
+            {
+                **stored,
+                "artifact_id": artifact_id,
+                "media_type": OPAQUE,
+                "name": artifact_id.replace(":", "-"),
+                "run_id": row["run_id"],
+            }
+        )
 
     async def artifact_exists(self, artifact_id: str) -> bool:
         async with self.read(runs=False) as tx:

@@ -18,6 +18,7 @@ from server.client import SseParser
 from server.client_render import ASCII, Printer, Renderer
 from tests.api.conftest import Api
 from tests.api.helpers import corrupt, parked_demo_run, unreadable
+from tests.auth import bearer
 
 SSE = {"Accept": "text/event-stream"}
 MARKED = {"unreadable", "problems", "run_id", "seq", "type"}
@@ -220,3 +221,29 @@ async def test_a_handoff_event_without_its_fields_is_passed_over_when_failing(ap
     final = (await api.client.post(f"/runs/{run_id}/cancel", json={"reason": "stop"})).json()
     assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
     assert "could not be read" not in final["outcome"]["message"]
+
+
+async def test_an_artifact_whose_event_no_longer_validates_is_served_as_opaque_bytes(
+    api: Api,
+) -> None:
+    """The run's ``artifact`` event names the bytes and the tenant's name and media type
+    for them: one that no longer validates was a 500 on every read of them. The bytes
+    are still the tenant's, sent as an attachment of no known type under their id."""
+    run_id, _, artifact_id = await parked_demo_run(api)
+    before = await api.client.get(f"/artifacts/{artifact_id}")
+    assert before.status_code == 200 and before.headers["content-type"].startswith("text/")
+    await corrupt(
+        api, "events", "data = ?", "run_id = ? AND type = 'artifact'", '{"name": 1}', run_id
+    )
+
+    after = await api.client.get(f"/artifacts/{artifact_id}")
+
+    assert after.status_code == 200, after.text
+    assert after.content == before.content
+    assert after.headers["content-type"] == "application/octet-stream"
+    assert after.headers["content-disposition"].startswith("attachment")
+    assert artifact_id.replace(":", "-") in after.headers["content-disposition"]
+    assert after.headers["etag"] == before.headers["etag"]
+    stranger = bearer(user="u-eve", tenant="other-co", roles=["admin"])
+    other = await api.client.get(f"/artifacts/{artifact_id}", headers=stranger)
+    assert other.status_code == 404  # to another tenant as absent as before
