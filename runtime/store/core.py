@@ -103,10 +103,29 @@ def _enc_col(column: str, value: Any) -> Any:
     return _enc(value)
 
 
+class Undecodable(str):
+    """Text a SQLite column holds that is not UTF-8 (no writer of the runtime's makes it:
+    a hand edit, another program), with U+FFFD for its bad bytes. Never read as JSON,
+    so a row holding it shows in its unreadable form rather than as a 500 (PostgreSQL
+    refuses such text on the way in)."""
+
+
+def decode_text(raw: bytes) -> str:
+    """SQLite's text as Python reads it (``text_factory``): UTF-8, or :class:`Undecodable`."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return Undecodable(raw.decode(errors="replace"))
+
+
 def _dec(row: Row) -> Row:
     return {
-        k: (_json(v) if k in _JSON_COLUMNS and isinstance(v, str) else v) for k, v in row.items()
+        k: (_json(v) if k in _JSON_COLUMNS and _readable_text(v) else v) for k, v in row.items()
     }
+
+
+def _readable_text(value: Any) -> bool:
+    return isinstance(value, str) and not isinstance(value, Undecodable)
 
 
 def _json(text: str) -> Any:

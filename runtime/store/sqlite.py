@@ -15,6 +15,7 @@ import aiosqlite
 
 from runtime.aio import to_the_end
 from runtime.store.base import Row, RunStore
+from runtime.store.core import decode_text
 
 BUSY_TIMEOUT_MS = 10_000
 """How long a transaction waits for SQLite's write lock before it fails."""
@@ -124,6 +125,7 @@ class SqliteRunStore(RunStore):
         conn = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
         try:
             conn.row_factory = aiosqlite.Row
+            conn.text_factory = decode_text  # bad UTF-8 in one row must not fail the read
             await conn.execute("PRAGMA journal_mode=WAL")
             await conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             # FULL, not NORMAL: in WAL mode NORMAL skips the fsync at commit, so a power
