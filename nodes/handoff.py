@@ -155,7 +155,7 @@ def make_handoff_node(targets: Mapping[str, set[str]], root: str) -> NodeFn:
                     "task": summarize(decision.handoff.task),
                 },
             },
-            dedupe_key=f"handoff:{hid}:start",
+            dedupe_key=ids.handoff_key(hid, "start"),
         )
         return {
             "handoff_stack": [*stack, pushed],
@@ -214,7 +214,7 @@ def make_handback_node() -> NodeFn:
                     "artifacts": artifacts,
                 },
             },
-            dedupe_key=f"handoff:{frame['handoff_id']}:return",
+            dedupe_key=ids.handoff_key(frame["handoff_id"], "return"),
         )
         return tagged(
             {

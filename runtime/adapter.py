@@ -13,6 +13,7 @@ from typing import Any
 
 from runtime.errors import CODES, Code, Recovery, RuntimeProblem
 from runtime.events import EventType
+from runtime.ids import handoff_key
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger, forward_trigger
 from runtime.model import Outcome, PendingApproval, Run, ToolCall
 from runtime.store.base import RunStore, readable_events
@@ -84,8 +85,13 @@ async def open_handoff_results(
             opened[event.data["tool_call_id"]] = event.data
         elif event.type == EventType.RESULT:
             opened.pop(event.data["tool_call_id"], None)
+    # A handback that no longer validates is not read above, but answered all the same:
+    # a second answer would return from the sub-agent twice.
+    answered = await store.keyed_events(run_id, [handoff_key(hid, "return") for hid in opened])
     results: list[tuple[EventType, dict[str, Any]]] = []
     for hid, action in reversed(opened.items()):  # the innermost first, as they unwind
+        if handoff_key(hid, "return") in answered:
+            continue
         start = action["handoff"]
         results.append(
             (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 
 def new_run_id() -> str:
@@ -37,6 +37,12 @@ def approval_id(tool_call_id: str) -> str:
 def call_approval_id(call: dict[str, Any]) -> str:
     """The approval a planned call waits on: its own, or one per unknown-outcome episode."""
     return approval_id(call.get("approval_key") or call["tool_call_id"])
+
+
+def handoff_key(handoff_id: str, phase: Literal["start", "return"]) -> str:
+    """The dedupe key of a handoff's event of ``phase``: its ``action`` (start) or the
+    ``result`` that answers it (return), whoever writes that answer."""
+    return f"handoff:{handoff_id}:{phase}"
 
 
 def idempotency_key(tool_call_id: str) -> str:

@@ -160,6 +160,19 @@ class UnreadFailures(StoreCore):
             return False
         return True
 
+    async def keyed_events(self, run_id: str, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` an event of the run holds as its dedupe key, read or not: an
+        answer in the log that no longer validates is still an answer."""
+        if not keys:
+            return set()
+        marks = ", ".join("?" for _ in keys)
+        async with self.read(runs=False) as tx:
+            rows = await tx.fetchall(
+                f"SELECT dedupe_key FROM events WHERE run_id = ? AND dedupe_key IN ({marks})",
+                (run_id, *keys),
+            )
+        return {str(r["dedupe_key"]) for r in rows}
+
     async def _ledger_ids_unread(self, run_id: str) -> tuple[list[str], list[str]] | None:
         """(the run's side-effecting calls, those compensated), by id as stored, no row
         validated; None where even that read fails."""
