@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from runtime.errors import CODES, Code, Recovery, RuntimeProblem
+from runtime.errors import CODES, Code, RuntimeProblem, failure_error
 from runtime.events import EventType
 from runtime.ids import handoff_key
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger, forward_trigger
@@ -191,12 +191,7 @@ async def _fail_run(
         side_effects=happened,
         compensations=compensations if compensations is not None else compensated,
     )
-    recovery = CODES[code].recovery
-    if recovery is Recovery.COMPENSATE and not outcome.compensations:
-        # The event says what the runtime did (runtime.errors): a cancel that undid
-        # nothing (none asked for, or none that took effect) compensated nothing.
-        recovery = Recovery.NONE
-    error = {"code": code.value, "message": message, "recovery": recovery.value}
+    error = failure_error(code, message, compensated=bool(outcome.compensations))
     if tool_call_id is not None:
         error["tool_call_id"] = tool_call_id
     progress: dict[str, Any] = {} if usage is None else {"usage": usage}
@@ -206,8 +201,8 @@ async def _fail_run(
         run_id,
         lambda now: failure_trigger(code, now),
         expect=run.state,
+        code=code,
         calls=(closing, why),
-        comment=f"run ended: {code}",
         events=[*unanswered, (EventType.ERROR, error)],
         fields={"outcome": outcome, "pending_approval": None, **progress},
     )

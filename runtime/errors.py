@@ -141,6 +141,16 @@ CODES: dict[Code, CodeInfo] = {
 }
 
 
+def failure_error(code: Code, message: str, *, compensated: bool) -> dict[str, str]:
+    """The ``error`` event of a run failing with ``code``. Its ``recovery`` says what the
+    runtime did: a cancel that undid nothing (none asked for, or none that took effect)
+    compensated nothing."""
+    recovery = CODES[code].recovery
+    if recovery is Recovery.COMPENSATE and not compensated:
+        recovery = Recovery.NONE
+    return {"code": code.value, "message": message, "recovery": recovery.value}
+
+
 class RuntimeProblem(Exception):
     """An error carrying a machine code from :data:`CODES`."""
 

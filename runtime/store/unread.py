@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from runtime.errors import CODES, Code, Recovery, RuntimeProblem
+from runtime.errors import Code, RuntimeProblem, failure_error
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger
 from runtime.model import Outcome
@@ -60,11 +60,7 @@ class UnreadFailures(StoreCore):
             side_effects=happened,
             compensations=compensated,
         )
-        recovery = CODES[code].recovery
-        if recovery is Recovery.COMPENSATE and not compensated:
-            recovery = Recovery.NONE  # as fail_run: the event says what the runtime did
-        error = {"code": code.value, "message": message, "recovery": recovery.value}
-        comment = f"run ended: {code}"
+        error = failure_error(code, message, compensated=bool(compensated))
         unread_error = {
             "code": Code.TOOL_OUTCOME_UNKNOWN.value,
             "message": f"the run ended ({code}) while the call ran: it may have happened",
@@ -73,8 +69,8 @@ class UnreadFailures(StoreCore):
             run_id,
             trigger_for,
             expect=None,
+            code=code,
             calls=("unknown", unread_error),
-            comment=comment,
             events=[(EventType.ERROR, error)],
             fields={"outcome": outcome, "pending_approval": None},
         )
@@ -85,15 +81,15 @@ class UnreadFailures(StoreCore):
         trigger_for: Callable[[State], Trigger],
         *,
         expect: State | None,
+        code: Code,
         calls: tuple[str, dict[str, Any]],
-        comment: str,
         events: Sequence[tuple[EventType, dict[str, Any]]],
         fields: dict[str, Any],
     ) -> bool:
         """End the run as failed, in one transaction under the view's lease fence: its
         calls left ``running`` closed (``calls``: their status and error), each with its
-        ``result`` event; its pending approvals expired (``comment``), each with its
-        ``approval_result`` event; then ``events`` and the state event to failed
+        ``result`` event; its pending approvals expired (as the run ended with ``code``),
+        each with its ``approval_result`` event; then ``events`` and the state event to failed
         (``trigger_for``: the trigger from the state the run is in), with ``fields``.
         False if the run had ended already; RUN_STATE_CONFLICT if it is not in ``expect``.
 
@@ -103,6 +99,7 @@ class UnreadFailures(StoreCore):
         approval as a human's rejection (a call closed, as having run), and goes on.
         """
         status, error = calls
+        comment = f"run ended: {code}"
         # Written first, on their own: a transaction carrying them would lock the run
         # row before the approvals, the order decide_approval takes them in reverse.
         await self.flush()

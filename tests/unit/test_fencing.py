@@ -199,8 +199,8 @@ async def test_a_stale_failure_never_holds_up_the_holders_outcome(
             run.run_id,
             lambda now: failure_trigger(Code.CHECKPOINT_ERROR, now),
             expect=None,
+            code=Code.CHECKPOINT_ERROR,
             calls=("cancelled", why),
-            comment="run ended",
             events=[(EventType.ERROR, why)],
             fields={},
         )
