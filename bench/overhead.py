@@ -48,6 +48,7 @@ from bench import (
     median,
     pg_schema,
 )
+from runtime.backend import CHECKPOINT_SERDE
 from runtime.checkpointer import PooledPostgresSaver
 from runtime.lifecycle import State
 from runtime.model import RunCreate
@@ -133,7 +134,7 @@ async def raw_checkpointer(store: str, tmp: Path) -> AsyncIterator[BaseCheckpoin
         # the same journal (and fsyncs per commit) here, or the two sides differ in I/O.
         await conn.execute("PRAGMA journal_mode=WAL")
         await conn.execute("PRAGMA busy_timeout=10000")
-        saver = AsyncSqliteSaver(conn)
+        saver = AsyncSqliteSaver(conn, serde=CHECKPOINT_SERDE)  # the engine's, as below
         await saver.setup()
         try:
             yield saver
@@ -153,7 +154,7 @@ async def raw_checkpointer(store: str, tmp: Path) -> AsyncIterator[BaseCheckpoin
             # The engine's checkpointer class (LangGraph's, less its lock and thread hop):
             # the same checkpointer on both sides, or the ratio would credit the engine
             # with what it saves inside LangGraph's saver.
-            pg_saver = PooledPostgresSaver(pool)  # type: ignore[arg-type]
+            pg_saver = PooledPostgresSaver(pool, serde=CHECKPOINT_SERDE)  # type: ignore[arg-type]
             await pg_saver.setup()
             yield pg_saver
         finally:
