@@ -27,7 +27,7 @@ from runtime.lifecycle import TERMINAL
 from runtime.model import Approval, Run, Usage
 from runtime.recording import Recording, Unrecorded
 from runtime.retry import DATABASE_ERRORS
-from runtime.store.base import RunStore
+from runtime.store.base import LeaseLost, RunStore
 
 log = logging.getLogger("runtime.engine")
 
@@ -122,17 +122,28 @@ class GraphDriving(RunCommands):
         write that fails leaves the outcome kept, for the executor to try again (with
         retries) or for the ending to close the call as before, never held up by it."""
         for tool_call_id, finished in self.unrecorded.of_run(run.run_id):
-            row = None if run.state in TERMINAL else await store.get_tool_call(tool_call_id)
-            if row is None or row.status != "running" or row.attempts != finished.attempts:
-                self.unrecorded.forget(tool_call_id)  # recorded, ruled on, or run again
-                continue
             try:
-                await to_the_end(
-                    write_outcome(store, row, finished, StoreArtifacts(store, run.run_id))
-                )
+                row = None if run.state in TERMINAL else await store.get_tool_call(tool_call_id)
+                if (
+                    row is not None
+                    and row.status == "running"
+                    and row.attempts == finished.attempts
+                ):
+                    await to_the_end(
+                        write_outcome(store, row, finished, StoreArtifacts(store, run.run_id))
+                    )
+                # else: recorded, ruled on, or run again since
+            except LeaseLost:
+                raise
             except DATABASE_ERRORS as exc:
                 log.warning("could not record the kept outcome of %s: %r", tool_call_id, exc)
                 continue
+            except Exception:
+                # Its row no longer validates, or its output cannot be written: it never
+                # will be, and must not fail a drive that is to end the run (a cancel).
+                log.exception(
+                    "let go of the kept outcome of %s: it cannot be written", tool_call_id
+                )
             self.unrecorded.forget(tool_call_id)
 
     def _recording(self, run_id: str) -> Recording:
