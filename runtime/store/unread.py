@@ -163,7 +163,7 @@ class UnreadFailures(StoreCore):
         if not keys:
             return set()
         marks = ", ".join("?" for _ in keys)
-        async with self.read(runs=False) as tx:
+        async with self.read() as tx:
             rows = await tx.fetchall(
                 f"SELECT dedupe_key FROM events WHERE run_id = ? AND dedupe_key IN ({marks})",
                 (run_id, *keys),
