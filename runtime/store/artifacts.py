@@ -15,6 +15,9 @@ log = logging.getLogger("runtime.store")
 
 ARTIFACT_KEY = "artifact:"
 """The dedupe key prefix of a run's ``artifact`` events: the artifact's references."""
+NAMINGS_READ = 16
+"""A tenant's artifact events read for one that still validates (one is the rule: the
+same bytes written by many runs of the tenant are named by each)."""
 OPAQUE = "application/octet-stream"
 """The media type of bytes whose own is no longer known."""
 ARTIFACT_LOCKS = 256
@@ -65,23 +68,24 @@ class ArtifactQueries(StoreCore):
         writer and its name; every writer's run log has its own artifact event.
         """
         async with self.read() as tx:
-            row = await tx.fetchone(
+            rows = await tx.fetchall(
                 "SELECT e.run_id, e.data FROM events e JOIN runs r ON r.run_id = e.run_id "
-                "WHERE e.dedupe_key = ? AND r.tenant_id = ? ORDER BY e.run_id, e.seq LIMIT 1",
-                (f"{ARTIFACT_KEY}{artifact_id}", tenant_id),
+                "WHERE e.dedupe_key = ? AND r.tenant_id = ? ORDER BY e.run_id, e.seq LIMIT ?",
+                (f"{ARTIFACT_KEY}{artifact_id}", tenant_id, NAMINGS_READ),
             )
-        if row is None:
+        for row in rows:
+            data = _dec(row)["data"]
+            try:
+                return Artifact.model_validate({**data, "run_id": row["run_id"]})
+            except (ValidationError, TypeError):
+                log.warning(
+                    "artifact event of %s for %s no longer validates", row["run_id"], artifact_id
+                )
+        if not rows:
             return None
-        data = _dec(row)["data"]
-        try:
-            return Artifact.model_validate({**data, "run_id": row["run_id"]})
-        except (ValidationError, TypeError):
-            # The event names the artifact (its key) but no longer says under which name
-            # and media type: the tenant's bytes are still its own, served as opaque
-            # bytes under their id, never under another tenant's name for them.
-            log.warning(
-                "artifact event of %s for %s no longer validates", row["run_id"], artifact_id
-            )
+        # The events name the artifact (their key) but no longer say under which name and
+        # media type: the tenant's bytes are still its own, served as opaque bytes under
+        # their id, never under another tenant's name for them.
         async with self.read(runs=False) as tx:
             stored = await tx.fetchone(
                 "SELECT size, created_at FROM artifacts WHERE artifact_id = ?", (artifact_id,)
@@ -94,7 +98,7 @@ class ArtifactQueries(StoreCore):
                 "artifact_id": artifact_id,
                 "media_type": OPAQUE,
                 "name": artifact_id.replace(":", "-"),
-                "run_id": row["run_id"],
+                "run_id": rows[0]["run_id"],
             }
         )
 

@@ -247,3 +247,23 @@ async def test_an_artifact_whose_event_no_longer_validates_is_served_as_opaque_b
     stranger = bearer(user="u-eve", tenant="other-co", roles=["admin"])
     other = await api.client.get(f"/artifacts/{artifact_id}", headers=stranger)
     assert other.status_code == 404  # to another tenant as absent as before
+
+
+async def test_an_artifact_named_by_another_run_of_the_tenant_keeps_its_name(api: Api) -> None:
+    """The same bytes written by two runs of the tenant: one run's event no longer
+    validates, the other's still names them."""
+    first, _, artifact_id = await parked_demo_run(api)
+    second, _, again = await parked_demo_run(api)
+    assert again == artifact_id  # the demo's report is the same bytes each time
+    before = await api.client.get(f"/artifacts/{artifact_id}")
+    where = "run_id = ? AND type = 'artifact'"
+    read_first, other = sorted((first, second))  # the store reads the runs' events so
+    await corrupt(api, "events", "data = ?", where, '{"name": 1}', read_first)
+
+    named = await api.client.get(f"/artifacts/{artifact_id}")
+
+    assert named.headers["content-type"] == before.headers["content-type"]
+    assert named.headers["content-disposition"] == before.headers["content-disposition"]
+    await corrupt(api, "events", "data = ?", where, '{"name": 1}', other)
+    unnamed = await api.client.get(f"/artifacts/{artifact_id}")
+    assert unnamed.headers["content-type"] == "application/octet-stream"
