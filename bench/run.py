@@ -3,7 +3,7 @@
 Options: ``--reps N`` pairs per store for the overhead benchmark (default 25);
 ``--quick`` (or ``BENCH_QUICK=1`` in the environment) for fewer repetitions and
 2,000 instead of 10,000 parked runs; ``--only NAME`` (repeatable) to run some of
-overhead, checkpoint_size, http, parked, takeover, backlog.
+overhead, checkpoint_size, http, sse, parked, takeover, backlog.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from bench import (
     markdown_table,
     overhead,
     parked,
+    sse_latency,
     takeover,
 )
 
-PARTS = ("overhead", "checkpoint_size", "http", "parked", "takeover", "backlog")
+PARTS = ("overhead", "checkpoint_size", "http", "sse", "parked", "takeover", "backlog")
 
 
 def machine() -> list[tuple[str, str]]:
@@ -121,6 +122,17 @@ def main() -> None:
         print(f"\nPostgreSQL transactions per flow (ours): {http.tx_per_flow:.0f}\n")
         print(markdown_table(["target", "result"], [list(v) for v in http.verdicts()]), flush=True)
         misses += [t for t, v in http.verdicts() if not v.startswith("met")]
+
+    if "sse" in parts:
+        s_reps, s_flows = (3, 3) if quick else (5, 6)
+        print(
+            "\n## SSE latency: an event's write → its frame at the client, live events of "
+            f"the demo flow, {s_reps} alternating repetitions (context, no target)\n",
+            flush=True,
+        )
+        sse = sse_latency.measure(s_reps, s_flows)
+        print(markdown_table(sse_latency.HEADER, sse.rows()))
+        print(f"\nAcross processes / in one (p50, 1 client): {sse.crossing():.2f}x", flush=True)
 
     if "parked" in parts:
         n, sample = (2_000, 20) if quick else (10_000, 30)
