@@ -138,7 +138,7 @@ async def prune(args: argparse.Namespace, settings: Settings) -> int:
     from runtime.backend import open_backend
     from runtime.model import utcnow
     from runtime.retention import prune as prune_runs
-    from runtime.store.core import _iso
+    from runtime.store.codec import _iso
 
     cutoff = utcnow() - timedelta(days=args.older_than)
     when = _iso(cutoff)  # as the API writes times

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from runtime.store.core import Row, StoreCore, _enc, _ts
+from runtime.store.codec import _enc, _ts
+from runtime.store.core import Row, StoreCore
 
 
 @dataclass(frozen=True)

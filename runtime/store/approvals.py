@@ -8,12 +8,8 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
 from runtime.model import Approval, ApprovalDecision
-from runtime.store.core import (
-    WORK_CHANNEL,
-    StoreCore,
-    _dec,
-    _ts,
-)
+from runtime.store.codec import _dec, _ts
+from runtime.store.core import WORK_CHANNEL, StoreCore
 
 
 class ApprovalQueries(StoreCore):

@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from runtime.events import EventType
 from runtime.model import Artifact
-from runtime.store.core import StoreCore, _dec
+from runtime.store.codec import _dec
+from runtime.store.core import StoreCore
 
 log = logging.getLogger("runtime.store")
 

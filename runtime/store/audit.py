@@ -15,7 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from runtime.model import utcnow
-from runtime.store.core import StoreCore, _dec, _enc_col, _iso
+from runtime.store.codec import _dec, _enc_col, _iso
+from runtime.store.core import StoreCore
 
 AuditAction = Literal["memory.forget", "memory.delete", "key.create", "key.revoke"]
 """Every action the trail records (and GET /audit filters on)."""

@@ -24,19 +24,8 @@ from runtime.store.api_keys import ApiKeyQueries
 from runtime.store.approvals import ApprovalQueries
 from runtime.store.artifacts import ArtifactQueries
 from runtime.store.audit import AuditQueries
-from runtime.store.core import (
-    CANCEL_CHANNEL,
-    ENDED,
-    WORK_CHANNEL,
-    LeaseLost,
-    Row,
-    StoreCore,
-    Tx,
-    _dec,
-    _enc,
-    _enc_col,
-    event_of,
-)
+from runtime.store.codec import _dec, _enc, _enc_col, event_of
+from runtime.store.core import CANCEL_CHANNEL, ENDED, WORK_CHANNEL, LeaseLost, Row, StoreCore, Tx
 from runtime.store.leases import LeaseQueries
 from runtime.store.records import RecordQueries, event_rows, log_pages, step_rows
 from runtime.store.retention import RetentionQueries

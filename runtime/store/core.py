@@ -1,4 +1,4 @@
-"""The store's core: transactions, fencing, encoding, the event log and run transitions.
+"""The store's core: transactions, fencing, the event log and run transitions.
 
 Every change that an event describes is written in the same transaction as the
 event; every transition goes through the lifecycle table here.
@@ -6,42 +6,24 @@ event; every transition goes through the lifecycle table here.
 
 from __future__ import annotations
 
-import base64
 import copy
-import json
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
-from enum import Enum
 from typing import Any, Protocol, Self
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, State, Trigger, transition
-from runtime.model import Event, utcnow
+from runtime.model import utcnow
+from runtime.store.codec import _enc, _enc_col, _ts, decode_cursor, encode_cursor, event_row
 from runtime.store.journal import Journal, PendingTransition
 from runtime.store.schema import MIGRATIONS
 
 Row = dict[str, Any]
 EventListener = Callable[[str, int, Sequence[Row]], None]
 """(run_id, last seq committed, the committed event rows of that run, as stored)."""
-
-_JSON_COLUMNS = {
-    "context",
-    "options",
-    "usage",
-    "limits",
-    "pending_approval",
-    "result",
-    "outcome",
-    "decision",
-    "args",
-    "output",
-    "error",
-    "data",
-    "detail",
-}
 
 
 EVENTS_CHANNEL = "agent_runtime_events"
@@ -72,109 +54,6 @@ class Tx(Protocol):
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None: ...
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]: ...
-
-
-def _enc(value: Any) -> Any:
-    if isinstance(value, Enum):
-        return value.value
-    if hasattr(value, "model_dump"):
-        return json.dumps(value.model_dump(mode="json"), ensure_ascii=False)
-    if isinstance(value, dict | list):
-        return json.dumps(value, ensure_ascii=False, default=str)
-    if isinstance(value, datetime):
-        return _iso(value)
-    if isinstance(value, bool):
-        return int(value)
-    return value
-
-
-def _enc_col(column: str, value: Any) -> Any:
-    """``value`` as column ``column`` keeps it: in a JSON column, JSON text whatever its
-    type (a tool's output may be a bare string or number, which :func:`_enc` keeps as
-    is and :func:`_dec` would then read as JSON: text that is not JSON failed every read
-    of the run, "42" came back a number)."""
-    if (
-        column in _JSON_COLUMNS
-        and value is not None
-        and not isinstance(value, dict | list)
-        and not hasattr(value, "model_dump")
-    ):
-        return json.dumps(value, ensure_ascii=False, default=str)
-    return _enc(value)
-
-
-class Undecodable(str):
-    """Text a SQLite column holds that is not UTF-8 (no writer of the runtime's makes it:
-    a hand edit, another program), with U+FFFD for its bad bytes. Never read as JSON,
-    so a row holding it shows in its unreadable form rather than as a 500 (PostgreSQL
-    refuses such text on the way in)."""
-
-
-def decode_text(raw: bytes) -> str:
-    """SQLite's text as Python reads it (``text_factory``): UTF-8, or :class:`Undecodable`."""
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return Undecodable(raw.decode(errors="replace"))
-
-
-def _dec(row: Row) -> Row:
-    return {
-        k: (_json(v) if k in _JSON_COLUMNS and _readable_text(v) else v) for k, v in row.items()
-    }
-
-
-def _readable_text(value: Any) -> bool:
-    return isinstance(value, str) and not isinstance(value, Undecodable)
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text  # a bare string an earlier version stored as is
-
-
-def event_row(run_id: str, seq: int, type_: str, ts: str, data: str) -> Row:
-    """An events row as stored (``data`` encoded), in the events table's column order."""
-    return {"run_id": run_id, "seq": seq, "type": type_, "ts": ts, "data": data}
-
-
-def event_of(row: Row) -> Event:
-    return Event.model_validate(_dec(row))
-
-
-def _iso(value: datetime, *, exact: bool = False) -> str:
-    """The shape pydantic writes (a zero fraction left out, so "…:51Z" sorts after
-    "…:51.4Z" as text); ``exact``: microseconds always, for strings that must sort as
-    their times do."""
-    text = value.isoformat(timespec="microseconds") if exact else value.isoformat()
-    return text.replace("+00:00", "Z")
-
-
-def _ts() -> str:
-    return _iso(utcnow())
-
-
-def encode_cursor(*parts: str) -> str:
-    return base64.urlsafe_b64encode("\x1f".join(parts).encode()).decode()
-
-
-def decode_cursor(cursor: str, parts: int = 2, *, kind: str | None = None) -> list[str]:
-    """The ``parts`` fields of a cursor; with ``kind``, one that :func:`encode_cursor` was
-    given ``kind`` first for (another list's cursor is refused, not misread)."""
-    try:
-        decoded = base64.b64decode(cursor.encode(), altchars=b"-_", validate=True).decode()
-    except (ValueError, UnicodeDecodeError):
-        decoded = ""
-    fields = decoded.split("\x1f")
-    if kind is not None:
-        if fields[0] != kind:
-            raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
-        fields = fields[1:]
-    if len(fields) != parts or "\x00" in decoded:
-        raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid")
-    return fields
 
 
 ENDED = "state IN ({})".format(", ".join(f"'{state.value}'" for state in sorted(TERMINAL)))

@@ -21,17 +21,8 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.model import Run, Step, ToolCall
 from runtime.store.base import ACTIVE_STATES, RunStore, created_event, run_row, tenant_limit
-from runtime.store.core import (
-    EVENTS_CHANNEL,
-    WORK_CHANNEL,
-    LeaseLost,
-    Row,
-    _dec,
-    _enc,
-    _enc_col,
-    _ts,
-    event_row,
-)
+from runtime.store.codec import _dec, _enc, _enc_col, _ts, event_row
+from runtime.store.core import EVENTS_CHANNEL, WORK_CHANNEL, LeaseLost, Row
 
 _FENCE = "f AS (SELECT run_id FROM runs WHERE run_id = %s AND lease_version = %s FOR UPDATE)"
 

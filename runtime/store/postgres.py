@@ -18,15 +18,8 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, State, Trigger, transition
 from runtime.store.base import Row, Tx
-from runtime.store.core import (
-    EVENTS_CHANNEL,
-    LeaseLost,
-    _enc,
-    _enc_col,
-    _transition_changes,
-    _ts,
-    event_row,
-)
+from runtime.store.codec import _enc, _enc_col, _ts, event_row
+from runtime.store.core import EVENTS_CHANNEL, LeaseLost, _transition_changes
 from runtime.store.journal import PendingTransition
 from runtime.store.pg_once import PgSingleStatements
 

@@ -37,7 +37,8 @@ from runtime.model import (
     UnreadableToolCall,
     problems_of,
 )
-from runtime.store.core import Row, StoreCore, Tx, _dec
+from runtime.store.codec import _dec
+from runtime.store.core import Row, StoreCore, Tx
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)

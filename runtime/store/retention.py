@@ -13,7 +13,8 @@ from datetime import datetime
 
 from runtime.lifecycle import TERMINAL
 from runtime.store.artifacts import ARTIFACT_KEY, artifact_lock, artifact_lock_key
-from runtime.store.core import StoreCore, _iso
+from runtime.store.codec import _iso
+from runtime.store.core import StoreCore
 
 CHUNK = 500
 """Ids per IN list: far below SQLite's 32,766 bound parameters."""

@@ -15,7 +15,7 @@ import aiosqlite
 
 from runtime.aio import to_the_end
 from runtime.store.base import Row, RunStore
-from runtime.store.core import decode_text
+from runtime.store.codec import decode_text
 
 BUSY_TIMEOUT_MS = 10_000
 """How long a transaction waits for SQLite's write lock before it fails."""

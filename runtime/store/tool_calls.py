@@ -9,7 +9,8 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.model import ToolCall
 from runtime.services import close_call
-from runtime.store.core import StoreCore, _dec, _enc_col, _ts
+from runtime.store.codec import _dec, _enc_col, _ts
+from runtime.store.core import StoreCore
 from runtime.store.records import tool_call_rows
 
 

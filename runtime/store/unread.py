@@ -12,7 +12,8 @@ from runtime.errors import Code, RuntimeProblem, failure_error
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger
 from runtime.model import Outcome
-from runtime.store.core import Row, StoreCore, _enc_col, _ts
+from runtime.store.codec import _enc_col, _ts
+from runtime.store.core import Row, StoreCore
 
 log = logging.getLogger(__name__)
 

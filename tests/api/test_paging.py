@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from runtime.memory import Memory
-from runtime.store.core import encode_cursor
+from runtime.store.codec import encode_cursor
 from tests.api.conftest import Api
 from tests.api.helpers import parked_demo_run, problem
 from tests.auth import OPS_TENANT, OPS_USER, bearer

@@ -20,7 +20,7 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.ids import content_hash
 from runtime.memory import MAX_DEPTH, MAX_KEY, MAX_LABEL, Memory
 from runtime.store.audit import AuditAction
-from runtime.store.core import decode_cursor, encode_cursor
+from runtime.store.codec import decode_cursor, encode_cursor
 from server.api.deps import EngineDep, PrincipalDep
 from server.api.openapi import AUTHENTICATED, headers, problem_responses
 from server.api.paging import next_link
