@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import zlib
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
@@ -35,6 +36,14 @@ def artifact_lock_key(stripe: int) -> str:
     return f"artifact-stripe:{stripe}"
 
 
+@dataclass(frozen=True)
+class Naming:
+    """What a tenant's run called an artifact's bytes."""
+
+    name: str
+    media_type: str
+
+
 class ArtifactQueries(StoreCore):
     """Artifact rows."""
 
@@ -62,8 +71,9 @@ class ArtifactQueries(StoreCore):
                 )
         return artifact
 
-    async def artifact_for_tenant(self, artifact_id: str, tenant_id: str) -> Artifact | None:
-        """The artifact as a run of the tenant wrote it (its own name), or None if none did.
+    async def artifact_for_tenant(self, artifact_id: str, tenant_id: str) -> Naming | None:
+        """What a run of the tenant named the artifact (its name and media type), or None
+        if none did.
 
         Artifacts are content-addressed across tenants, so the row names only the first
         writer and its name; every writer's run log has its own artifact event.
@@ -77,31 +87,16 @@ class ArtifactQueries(StoreCore):
         for row in rows:
             data = _dec(row)["data"]
             try:
-                return Artifact.model_validate({**data, "run_id": row["run_id"]})
+                artifact = Artifact.model_validate({**data, "run_id": row["run_id"]})
+                return Naming(artifact.name, artifact.media_type)
             except (ValidationError, TypeError):
                 log.warning(
                     "artifact event of %s for %s no longer validates", row["run_id"], artifact_id
                 )
-        if not rows:
-            return None
         # The events name the artifact (their key) but no longer say under which name and
         # media type: the tenant's bytes are still its own, served as opaque bytes under
         # their id, never under another tenant's name for them.
-        async with self.read(runs=False) as tx:
-            stored = await tx.fetchone(
-                "SELECT size, created_at FROM artifacts WHERE artifact_id = ?", (artifact_id,)
-            )
-        if stored is None:
-            return None
-        return Artifact.model_validate(
-            {
-                **stored,
-                "artifact_id": artifact_id,
-                "media_type": OPAQUE,
-                "name": artifact_id.replace(":", "-"),
-                "run_id": rows[0]["run_id"],
-            }
-        )
+        return Naming(artifact_id.replace(":", "-"), OPAQUE) if rows else None
 
     async def artifact_exists(self, artifact_id: str) -> bool:
         async with self.read(runs=False) as tx:
@@ -109,6 +104,14 @@ class ArtifactQueries(StoreCore):
                 "SELECT 1 AS one FROM artifacts WHERE artifact_id = ?", (artifact_id,)
             )
         return row is not None
+
+    async def artifact_content(self, artifact_id: str) -> bytes | None:
+        """The artifact's bytes alone: what serving them needs of its row."""
+        async with self.read(runs=False) as tx:
+            row = await tx.fetchone(
+                "SELECT content FROM artifacts WHERE artifact_id = ?", (artifact_id,)
+            )
+        return None if row is None else bytes(row["content"] or b"")
 
     async def get_artifact(self, artifact_id: str) -> tuple[Artifact, bytes] | None:
         async with self.read() as tx:

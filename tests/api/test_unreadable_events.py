@@ -249,6 +249,23 @@ async def test_an_artifact_whose_event_no_longer_validates_is_served_as_opaque_b
     assert other.status_code == 404  # to another tenant as absent as before
 
 
+async def test_an_artifact_whose_own_row_no_longer_validates_is_served_as_named(
+    api: Api,
+) -> None:
+    """Serving the bytes reads them alone, not the row's metadata (the first writer's,
+    which the response never uses): a row edited by hand was a 500 on every read."""
+    _, _, artifact_id = await parked_demo_run(api)
+    before = await api.client.get(f"/artifacts/{artifact_id}")
+    await corrupt(api, "artifacts", "created_at = 'yesterday'", "artifact_id = ?", artifact_id)
+
+    after = await api.client.get(f"/artifacts/{artifact_id}")
+
+    assert after.status_code == 200, after.text
+    assert after.content == before.content
+    shown = ("content-type", "content-disposition", "etag")
+    assert [after.headers[h] for h in shown] == [before.headers[h] for h in shown]
+
+
 async def test_an_artifact_named_by_another_run_of_the_tenant_keeps_its_name(api: Api) -> None:
     """The same bytes written by two runs of the tenant: one run's event no longer
     validates, the other's still names them."""

@@ -65,25 +65,24 @@ async def get_artifact(
 ) -> Response:
     # Another tenant's artifact is as absent as one that never was; the same bytes
     # written by two tenants are served to each under its own name.
-    artifact = await store.artifact_for_tenant(artifact_id, principal.tenant_id)
-    if artifact is None:
+    naming = await store.artifact_for_tenant(artifact_id, principal.tenant_id)
+    if naming is None:
         raise RuntimeProblem(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id}")
-    etag = f'"{artifact.artifact_id}"'
+    etag = f'"{artifact_id}"'
     cached = {"ETag": etag, "Cache-Control": "private, max-age=31536000, immutable"}
     if _matches(request.headers.getlist("if-none-match"), etag):
         # RFC 9110 §13.1.2: the client holds these bytes already (a name that is a
         # hash of them); not read, nor sent, again.
         return Response(status_code=304, headers=cached)
-    found = await store.get_artifact(artifact_id)
-    if found is None:
+    content = await store.artifact_content(artifact_id)
+    if content is None:
         raise RuntimeProblem(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id}")
-    _, content = found
-    disposition = "inline" if artifact.media_type in SAFE_INLINE else "attachment"
+    disposition = "inline" if naming.media_type in SAFE_INLINE else "attachment"
     return Response(
         content,
-        media_type=artifact.media_type,
+        media_type=naming.media_type,
         headers={
-            "Content-Disposition": content_disposition(disposition, artifact.name),
+            "Content-Disposition": content_disposition(disposition, naming.name),
             "X-Content-Type-Options": "nosniff",
             **cached,
         },
