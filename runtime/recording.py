@@ -164,7 +164,13 @@ async def with_retries(
     while True:
         tries += 1
         try:
-            return await write()
+            if deadline is None:
+                return await write()
+            # A retry ends at the bound too: one waiting for a pooled connection (the
+            # pool's own timeout is 30 s) would hold the drive that long past it. A
+            # TimeoutError is an OSError: a transient error, raised as the last below.
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                return await write()
         except TRANSIENT_DB_ERRORS as exc:
             if deadline is None:
                 # Not moved on by the renewals that follow: a failure that lasts (a disk
