@@ -91,17 +91,27 @@ async def settled(services: Services, request: Request, run: Run, wait_s: int) -
     if waiting in done and not waiting.cancelled():
         failed = waiting.exception()
         if failed is None:
+            await _still_holds(services, request)
             return waiting.result()
         if not isinstance(failed, TimeoutError):
             raise failed
     elif stopping not in done:  # the client hung up: nobody reads this answer
         return run
+    await _still_holds(services, request)
     # The time is up, or the server is shutting down: the run as it is now (rather
     # than a 500 when the server's grace period ends); the client asks again.
     now = await services.store.get_run(run.run_id)
     if now is None:  # pruned while we waited
         raise RuntimeProblem(Code.RUN_NOT_FOUND, f"no run {run.run_id}")
     return now
+
+
+async def _still_holds(services: Services, request: Request) -> None:
+    """Refuse the answer of a wait whose caller's credential stopped holding meanwhile
+    (a key revoked, a token expired): what was allowed when the request came stands (a
+    run created, a decision made), what the run did since is not told (401). A database
+    that cannot say now is a 503, as on any request."""
+    await services.auth.authenticate(request.headers.get("authorization"))
 
 
 async def settled_in_slot(

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from server.auth.keys import create_key
 from server.settings import Settings
 from tests.api.conftest import EAST, QUESTION, Api, make_settings, open_api, states
 from tests.api.helpers import count_runs, problem
-from tests.auth import MGR
+from tests.auth import MGR, OPS_TENANT, bearer
 
 SLOW = {"agent_id": "slow_worker", "input": "sleep 30"}
+ADMIN = bearer(user="u-admin-003", roles=["admin"])
 
 
 def waiting(seconds: int | str) -> dict[str, str]:
@@ -287,3 +290,60 @@ async def test_a_decision_repeated_on_a_run_parked_again_answers_without_a_strea
         assert again.status_code == 200, again.text
         assert again.headers["preference-applied"] == "wait=30"
         assert again.json()["run"] == again_parked
+
+
+async def revoked_while_waiting(
+    api: Api, waiter: Awaitable[httpx.Response], run_id: str, key_id: str
+) -> httpx.Response:
+    """``waiter``'s answer, its key revoked while it waits, and the wait then ended (the
+    run cancelled)."""
+    held = asyncio.ensure_future(waiter)
+    for _ in range(3000):  # until the wait holds its slot
+        if api.engine_services.streams.open or held.done():
+            break
+        await asyncio.sleep(0.01)
+    assert api.engine_services.streams.open, "the request is waiting"
+    assert await api.engine_services.store.revoke_api_key(key_id)
+    # By an admin of the tenant: the run may be another user's (the key's).
+    cancelled = await api.client.post(f"/runs/{run_id}/cancel", headers=ADMIN)
+    assert cancelled.status_code in (200, 202), cancelled.text
+    resp = await asyncio.wait_for(held, 20)
+    assert not api.engine_services.streams.open, "the slot is given back"
+    return resp
+
+
+async def test_a_wait_whose_key_is_revoked_meanwhile_is_refused(api: Api) -> None:
+    """An open stream ends at its next check of a revoked key; a waiting request is
+    answered only if its credential still holds when the wait ends: what the run did
+    after the revocation is not told."""
+    key = await create_key(api.engine_services.store, tenant_id=OPS_TENANT, user_id="svc-1")
+    slow = (await api.client.post("/runs", json={**SLOW, "context": EAST})).json()
+    auth = {"Authorization": f"Bearer {key.token}", **waiting(30)}
+
+    waiter = api.client.get(f"/runs/{slow['run_id']}", headers=auth)
+    resp = await revoked_while_waiting(api, waiter, slow["run_id"], key.key_id)
+
+    problem(resp, 401, "UNAUTHENTICATED")
+
+
+async def test_a_create_whose_key_is_revoked_while_it_waits_says_only_that_it_was_made(
+    api: Api,
+) -> None:
+    """The run was made while the key held: 201 and where it is (a client retrying
+    would make another), as it was made, the wait not applied."""
+    key = await create_key(api.engine_services.store, tenant_id=OPS_TENANT, user_id="svc-1")
+    auth = {"Authorization": f"Bearer {key.token}", **waiting(30)}
+    creating = api.client.post("/runs", json=SLOW, headers=auth)
+    held = asyncio.ensure_future(creating)
+    for _ in range(3000):  # until the run is there
+        runs = await api.engine_services.store.list_runs(limit=10)
+        if runs[0] or held.done():
+            break
+        await asyncio.sleep(0.01)
+    [run] = runs[0]
+
+    resp = await revoked_while_waiting(api, held, run.run_id, key.key_id)
+
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["run_id"] == run.run_id and resp.json()["state"] != "failed"
+    assert "preference-applied" not in resp.headers
