@@ -239,6 +239,7 @@ class GraphDriving(RunCommands):
             self._clock(run_id, ctx.active_s)
             remaining = run.limits.timeout_s - ctx.active_base_s
             streamed: list[Any] = []  # the interrupts the stream reported
+            budget: asyncio.Timeout | None = None
             try:
                 stream = graph.astream(
                     graph_input,
@@ -249,7 +250,10 @@ class GraphDriving(RunCommands):
                 )
                 # Closed here, in this task, however the loop is left (a cancel raised
                 # below included), not later by the garbage collector in another task.
-                async with asyncio.timeout(max(remaining, 0.001)), contextlib.aclosing(stream):
+                async with (
+                    asyncio.timeout(max(remaining, 0.001)) as budget,
+                    contextlib.aclosing(stream),
+                ):
                     async for mode, part in stream:
                         if mode == "values":
                             if INTERRUPT in part:
@@ -270,6 +274,8 @@ class GraphDriving(RunCommands):
                 self._clock(run_id, _stopped_at(spent))
                 raise
             except TimeoutError:
+                if budget is None or not budget.expired():
+                    raise  # not the run's time running out: an error like any other
                 spent = ctx.active_s()
                 # Settling and reconciling the cut calls is not the run's work.
                 self._clock(run_id, _stopped_at(spent))

@@ -114,6 +114,12 @@ def _size(output: Any) -> int:
         return 0
 
 
+class WriteUnanswered(ConnectionError):
+    """A retried write the database did not answer by its bound: as transient as any
+    database error (the drive is retried), and not a ``TimeoutError``, which out of a
+    graph means the run's own time budget ran out."""
+
+
 class Recording:
     """How a drive records its calls' outcomes: the engine's :class:`Unrecorded`, and
     until when (``time.monotonic()``) the drive's lease surely holds."""
@@ -167,10 +173,12 @@ async def with_retries(
             if deadline is None:
                 return await write()
             # A retry ends at the bound too: one waiting for a pooled connection (the
-            # pool's own timeout is 30 s) would hold the drive that long past it. A
-            # TimeoutError is an OSError: a transient error, raised as the last below.
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                return await write()
+            # pool's own timeout is 30 s) would hold the drive that long past it.
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    return await write()
+            except TimeoutError as exc:
+                raise WriteUnanswered(f"no answer to the write of {what} by its bound") from exc
         except TRANSIENT_DB_ERRORS as exc:
             if deadline is None:
                 # Not moved on by the renewals that follow: a failure that lasts (a disk
