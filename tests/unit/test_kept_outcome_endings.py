@@ -21,20 +21,23 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 
-from graphs.run_graph import build_run_graph
-from runtime.agent import AgentSpec
 from runtime.lifecycle import State
-from runtime.model import Decision, RunCreate
-from runtime.planner import PlannerView
-from runtime.policy import DefaultPolicy
+from runtime.model import RunCreate
 from runtime.recording import Recording
 from runtime.store.base import RunStore
 from runtime.tooling import ToolContext
 from server.host import open_host
 from server.settings import Settings
-from tests.agents import ScriptPlanner, call, finish
 from tests.unit.conftest import MakeRun
-from tests.unit.test_outcome_blip import Blip, blip, execute, left_unrecorded, ship_tool, store
+from tests.unit.test_outcome_blip import (
+    Blip,
+    blip,
+    execute,
+    left_unrecorded,
+    ship_tool,
+    shipper_of,
+    store,
+)
 from tools.registry import ToolRegistry
 
 __all__ = ["blip", "store"]  # fixtures
@@ -55,12 +58,7 @@ async def test_a_cancel_records_the_kept_outcome_and_compensates_it(
         recalled.append(ctx.idempotency_key)
 
     tools = ToolRegistry([replace(ship, compensate=recall)])
-
-    def script(view: PlannerView) -> Decision:
-        return finish("shipped") if view.observations else call("ship")
-
-    graph = build_run_graph(ScriptPlanner(script), tools, DefaultPolicy())
-    agents = {"shipper": AgentSpec("shipper", "ships a box", graph, tools)}
+    agents = shipper_of(tools)
     settings = Settings(
         data_dir=data_dir,
         database_url=blip.url,

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
@@ -272,14 +273,18 @@ async def test_a_drive_that_does_not_know_the_outcome_says_why_it_is_unknown(
 # -- the engine: a run whose call meets the blip -------------------------------
 
 
-def shipper(shipped: list[str], blip: Blip, seconds: float) -> dict[str, AgentSpec]:
-    tools = ToolRegistry([ship_tool(shipped, blip, seconds)])
+def shipper_of(tools: ToolRegistry, **args: Any) -> dict[str, AgentSpec]:
+    """The agent ``shipper``: it calls ``ship`` (with ``args``) once, then finishes."""
 
     def script(view: PlannerView) -> Decision:
-        return finish("shipped") if view.observations else call("ship")
+        return finish("shipped") if view.observations else call("ship", **args)
 
     graph = build_run_graph(ScriptPlanner(script), tools, DefaultPolicy())
     return {"shipper": AgentSpec("shipper", "ships a box", graph, tools)}
+
+
+def shipper(shipped: list[str], blip: Blip, seconds: float) -> dict[str, AgentSpec]:
+    return shipper_of(ToolRegistry([ship_tool(shipped, blip, seconds)]))
 
 
 @pytest.mark.parametrize(
@@ -346,13 +351,7 @@ async def test_a_failure_that_lasts_holds_the_drive_no_longer_than_a_lease(
 
     full.start = disk_full  # type: ignore[method-assign]
     shipped: list[str] = []
-    tools = ToolRegistry([ship_tool(shipped, full, 0)])
-
-    def script(view: PlannerView) -> Decision:
-        return finish("shipped") if view.observations else call("ship", manifest_kb=3000)
-
-    graph = build_run_graph(ScriptPlanner(script), tools, DefaultPolicy())
-    agents = {"shipper": AgentSpec("shipper", "ships a box", graph, tools)}
+    agents = shipper_of(ToolRegistry([ship_tool(shipped, full, 0)]), manifest_kb=3000)
     settings = Settings(
         data_dir=tmp_path,
         database_url=url,

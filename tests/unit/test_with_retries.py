@@ -13,18 +13,14 @@ import psycopg
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from graphs.run_graph import build_run_graph
 from runtime import ledger
-from runtime.agent import AgentSpec
 from runtime.lifecycle import State
-from runtime.model import Decision, RunCreate
-from runtime.planner import PlannerView
-from runtime.policy import DefaultPolicy
+from runtime.model import RunCreate
 from runtime.recording import WriteUnanswered, with_retries
 from runtime.tooling import ToolContext, ToolSpec
 from server.host import open_host
 from server.settings import Settings
-from tests.agents import ScriptPlanner, call, finish
+from tests.unit.test_outcome_blip import shipper_of
 from tools.registry import ToolRegistry
 
 
@@ -100,12 +96,7 @@ async def test_a_drive_whose_retry_meets_its_bound_is_retried_not_timed_out(
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(ledger, "_finish", finish_once_stuck)
-
-    def script(view: PlannerView) -> Decision:
-        return finish("shipped") if view.observations else call("ship")
-
-    graph = build_run_graph(ScriptPlanner(script), tools, DefaultPolicy())
-    agents = {"shipper": AgentSpec("shipper", "ships a box", graph, tools)}
+    agents = shipper_of(tools)
     settings = Settings(
         data_dir=data_dir,
         database_url=database_url,
