@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 from collections.abc import Iterator
 
@@ -31,6 +32,8 @@ PREFER_WAIT = (
     " `Preference-Applied: wait=N` (N as capped) says the wait was applied."
 )
 _WAIT = re.compile(r'\s*wait\s*=\s*"?([0-9]+)"?\s*', re.IGNORECASE)
+log = logging.getLogger(__name__)
+
 VARY = {"Vary": "Prefer"}
 """On every response of a route that may honour the preference (RFC 7240 §2)."""
 
@@ -112,6 +115,18 @@ async def _still_holds(services: Services, request: Request) -> None:
     run created, a decision made), what the run did since is not told (401). A database
     that cannot say now is a 503, as on any request."""
     await services.auth.authenticate(request.headers.get("authorization"))
+
+
+def log_unanswered(what: str, failed: Exception) -> None:
+    """Log a wait that ended in failure after its request did what it came for (a run
+    made, a decision taken), which the response says without the wait. A refusal of
+    ours (the credential gone meanwhile, the run pruned) is how such a wait may end, and
+    its problem says all there is; anything else is ours to look into."""
+    if isinstance(failed, RuntimeProblem):
+        level = logging.WARNING if failed.info.http_status >= 500 else logging.INFO
+        log.log(level, "waiting %s: %s (%s)", what, failed.code.value, failed.message)
+    else:
+        log.warning("waiting %s failed", what, exc_info=failed)
 
 
 async def settled_in_slot(

@@ -4,6 +4,7 @@ settled (parked for a human, or ended), or as it is when the time is up."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -327,10 +328,12 @@ async def test_a_wait_whose_key_is_revoked_meanwhile_is_refused(api: Api) -> Non
 
 
 async def test_a_create_whose_key_is_revoked_while_it_waits_says_only_that_it_was_made(
-    api: Api,
+    api: Api, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The run was made while the key held: 201 and where it is (a client retrying
-    would make another), as it was made, the wait not applied."""
+    would make another), as it was made, the wait not applied. The refusal is logged
+    as what it is, not as a failure of ours with a traceback."""
+    caplog.set_level(logging.INFO, logger="server.api.waiting")
     key = await create_key(api.engine_services.store, tenant_id=OPS_TENANT, user_id="svc-1")
     auth = {"Authorization": f"Bearer {key.token}", **waiting(30)}
     creating = api.client.post("/runs", json=SLOW, headers=auth)
@@ -347,3 +350,6 @@ async def test_a_create_whose_key_is_revoked_while_it_waits_says_only_that_it_wa
     assert resp.status_code == 201, resp.text
     assert resp.json()["run_id"] == run.run_id and resp.json()["state"] != "failed"
     assert "preference-applied" not in resp.headers
+    [logged] = [r for r in caplog.records if r.name == "server.api.waiting"]
+    assert logged.levelno == logging.INFO and logged.exc_info is None, logged
+    assert "UNAUTHENTICATED" in logged.getMessage() and run.run_id in logged.getMessage()

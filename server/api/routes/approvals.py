@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
@@ -20,6 +19,7 @@ from server.api.waiting import (
     PREFER_WAIT,
     VARY,
     applied,
+    log_unanswered,
     settled,
     settled_in_slot,
     wait_preference,
@@ -27,7 +27,6 @@ from server.api.waiting import (
 )
 from server.auth.principal import APPROVER
 
-log = logging.getLogger(__name__)
 router = APIRouter(tags=["approvals"])
 
 
@@ -150,12 +149,12 @@ async def decide(
                 )
                 answer["run"] = waited.model_dump(mode="json")
                 headers.update(applied(wait_s))
-            except Exception:
+            except Exception as exc:
                 if not won:  # this request decided nothing: its failure is the answer
                     raise
                 # The decision is made: say so, not that deciding failed (the client
                 # would decide again and be told it had, or 409 for the other one).
-                log.warning("waiting after a decision on %s failed", run.run_id, exc_info=True)
+                log_unanswered(f"after a decision on {run.run_id}", exc)
     return JSONResponse(answer, status_code=202 if won else 200, headers=headers)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Annotated, Any
 
@@ -47,6 +46,7 @@ from server.api.waiting import (
     PREFER_WAIT,
     VARY,
     applied,
+    log_unanswered,
     settled,
     settled_in_slot,
     wait_preference,
@@ -58,7 +58,6 @@ from server.sse import event_stream
 MAX_SEQ = 10**15
 MAX_EVENT_PAGE = 10_000
 """The most events one JSON page holds (the SSE stream has no such bound)."""
-log = logging.getLogger(__name__)
 router = APIRouter(tags=["runs"])
 
 
@@ -146,10 +145,10 @@ async def create_run(
                 else:
                     run = await settled(services, request, run, wait_s)
                 headers.update(applied(wait_s))
-            except Exception:
+            except Exception as exc:
                 # The run exists: say so (201 and where it is), not that creating failed,
                 # or a client retrying without an idempotency key makes a second one.
-                log.warning("waiting on new run %s failed", run.run_id, exc_info=True)
+                log_unanswered(f"on new run {run.run_id}", exc)
     return JSONResponse(
         run.model_dump(mode="json"), status_code=201 if created else 200, headers=headers
     )
