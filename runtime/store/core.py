@@ -165,8 +165,10 @@ class StoreCore(ABC):
     # -- plumbing -------------------------------------------------------------
 
     @abstractmethod
-    def _tx(self) -> AbstractAsyncContextManager[Tx]:
-        """A transaction that commits on success and rolls back on error."""
+    def _tx(self, on_commit: Callable[[], None] | None = None) -> AbstractAsyncContextManager[Tx]:
+        """A transaction that commits on success and rolls back on error; ``on_commit``
+        is called once it has committed, a cancel that lands as it commits included,
+        where the dialect can tell."""
 
     @abstractmethod
     def _read(self) -> AbstractAsyncContextManager[Tx]:
@@ -180,7 +182,13 @@ class StoreCore(ABC):
     async def tx(self) -> AsyncIterator[StoreTx]:
         """A writing transaction; on a drive's view it first writes the deferred state
         changes (:mod:`runtime.store.journal`), in the same commit."""
-        async with self._ordered() as pending, self._tx() as inner:
+        tx: StoreTx | None = None
+
+        def committed() -> None:
+            if tx is not None:
+                self._notify(tx.appended, tx.rows)
+
+        async with self._ordered() as pending, self._tx(committed) as inner:
             tx = StoreTx(self, inner, self._fence)
             for change in pending:
                 await self._write_deferred(tx, change)
@@ -188,7 +196,6 @@ class StoreCore(ABC):
             for run_id, seq in tx.appended.items():
                 if tx.announced.get(run_id, 0) < seq:
                     await self._announce(inner, EVENTS_CHANNEL, f"{run_id} {seq}")
-        self._notify(tx.appended, tx.rows)
 
     @asynccontextmanager
     async def _ordered(self) -> AsyncIterator[list[PendingTransition]]:

@@ -186,9 +186,13 @@ class PostgresRunStore(PgSingleStatements):
             return await cur.fetchall()
 
     @asynccontextmanager
-    async def _tx(self) -> AsyncIterator[_PgTx]:
+    async def _tx(self, on_commit: Callable[[], None] | None = None) -> AsyncIterator[_PgTx]:
         async with self.pool.connection() as conn, conn.transaction():
             yield _PgTx(conn)
+        # A cancel as it commits does not tell: the NOTIFY sent with the events
+        # reaches this process's listener too.
+        if on_commit is not None:
+            on_commit()
 
     def _single(self) -> AbstractAsyncContextManager[_PgTx]:
         # Autocommit: a lone statement is its own transaction, without BEGIN and COMMIT.

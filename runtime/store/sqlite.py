@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -141,7 +141,9 @@ class SqliteRunStore(RunStore):
         return store
 
     @asynccontextmanager
-    async def _tx(self) -> AsyncIterator[_DirectTx | _ThreadTx]:
+    async def _tx(
+        self, on_commit: Callable[[], None] | None = None
+    ) -> AsyncIterator[_DirectTx | _ThreadTx]:
         # A caller cancelled mid-transaction (an SSE client hanging up, a cancelled
         # drive) still has its COMMIT or ROLLBACK run to the end before the lock is
         # let go (to_the_end): the next user of the connection starts clean.
@@ -152,13 +154,18 @@ class SqliteRunStore(RunStore):
             except BaseException:
                 await to_the_end(self._rollback())
                 raise
+            commit = asyncio.ensure_future(self._conn.execute("COMMIT"))
             try:
-                await to_the_end(self._conn.execute("COMMIT"))
+                await to_the_end(commit)
             except BaseException:
-                # A failed COMMIT leaves the transaction open; after a good one
-                # (cancelled meanwhile) there is nothing to roll back.
-                await to_the_end(self._rollback())
+                if commit.cancelled() or commit.exception() is not None:
+                    # A failed COMMIT leaves the transaction open.
+                    await to_the_end(self._rollback())
+                elif on_commit is not None:  # committed, the caller cancelled meanwhile
+                    on_commit()
                 raise
+        if on_commit is not None:
+            on_commit()
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[_DirectTx | _ThreadTx]:

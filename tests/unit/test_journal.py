@@ -8,9 +8,10 @@ it is written on its own shortly after; a view whose lease is gone writes nothin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +196,38 @@ async def test_a_deferred_change_already_committed_is_not_written_twice(
     assert [e.type for e in events] == [EventType.STATE, EventType.STATE, EventType.ACTION]
 
 
+@contextlib.contextmanager
+def slow_commits(store: SqliteRunStore) -> Iterator[asyncio.Event]:
+    """Every COMMIT of ``store`` takes 50 ms (the fsync); the event is set as one starts."""
+    execute = store._conn.execute
+    committing = asyncio.Event()
+
+    def slow_commit(sql: str, *args: Any) -> Any:
+        if sql != "COMMIT":
+            return execute(sql, *args)
+
+        async def commit() -> Any:
+            committing.set()
+            await asyncio.sleep(0.05)
+            return await execute(sql, *args)
+
+        return commit()
+
+    store._conn.execute = slow_commit  # type: ignore[method-assign,assignment]
+    try:
+        yield committing
+    finally:
+        store._conn.execute = execute  # type: ignore[method-assign]
+
+
+async def cancelled_as_it_commits(committing: asyncio.Event, write: Awaitable[object]) -> None:
+    task = asyncio.ensure_future(write)
+    await committing.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 @pytest.mark.usefixtures("slow_flush")
 async def test_a_write_cancelled_while_committing_leaves_the_drive_writing(
     tmp_path: Path, make_run: MakeRun
@@ -203,28 +236,11 @@ async def test_a_write_cancelled_while_committing_leaves_the_drive_writing(
     try:
         run = await make_run(store)
         view = await leased(store, run.run_id)
-        execute = store._conn.execute
-        committing = asyncio.Event()
-
-        def slow_commit(sql: str, *args: Any) -> Any:
-            if sql != "COMMIT":
-                return execute(sql, *args)
-
-            async def commit() -> Any:
-                committing.set()
-                await asyncio.sleep(0.05)  # the fsync
-                return await execute(sql, *args)
-
-            return commit()
-
-        store._conn.execute = slow_commit  # type: ignore[method-assign,assignment]
         view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
-        write = asyncio.create_task(view.append_event(run.run_id, EventType.ERROR, {"code": "X"}))
-        await committing.wait()
-        write.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await write
-        store._conn.execute = execute  # type: ignore[method-assign]
+        with slow_commits(store) as committing:
+            await cancelled_as_it_commits(
+                committing, view.append_event(run.run_id, EventType.ERROR, {"code": "X"})
+            )
 
         # The commit went through; the lock was held until it had.
         assert await state_of(store, run.run_id) is State.PLANNING
@@ -232,6 +248,29 @@ async def test_a_write_cancelled_while_committing_leaves_the_drive_writing(
         await view.flush()
         events = await store.list_events(run.run_id)
         assert [e.type for e in events] == [EventType.STATE, EventType.STATE, EventType.ERROR]
+    finally:
+        await store.close()
+
+
+async def test_a_write_cancelled_while_committing_is_still_announced(
+    tmp_path: Path, make_run: MakeRun
+) -> None:
+    """The events it committed reach the process's streams and waiters at once (SQLite
+    has no NOTIFY to tell them later), and only those."""
+    store = await SqliteRunStore.open(tmp_path / "cancel.db")
+    try:
+        run = await make_run(store)
+        announced: list[tuple[int, list[str]]] = []
+        store.add_listener(
+            lambda run_id, seq, rows: announced.append((seq, [r["type"] for r in rows]))
+        )
+        with slow_commits(store) as committing:
+            await cancelled_as_it_commits(
+                committing, store.append_event(run.run_id, EventType.ERROR, {"code": "X"})
+            )
+
+        [error] = [e for e in await store.list_events(run.run_id) if e.type is EventType.ERROR]
+        assert announced == [(error.seq, ["error"])]
     finally:
         await store.close()
 
