@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import Any
 
 import httpx
@@ -66,6 +67,28 @@ def sync_client(base_url: str, timeout: float = 30) -> httpx.Client:
     return httpx.Client(base_url=base_url, headers=server_headers(), timeout=timeout)
 
 
+async def frames(
+    client: httpx.AsyncClient,
+    run_id: str,
+    after: int = 0,
+    read_timeout: float = 120,
+    opened: Callable[[], None] | None = None,
+) -> AsyncGenerator[dict[str, Any]]:
+    """``GET /runs/{id}/events`` (SSE) from ``after``: each event as its frame arrives.
+    ``opened`` is called once the stream is open. Iterate it under ``aclosing``, or a
+    consumer that stops early leaves the stream open until the generator is collected."""
+    headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
+    async with client.stream(
+        "GET", f"/runs/{run_id}/events", headers=headers, timeout=read_timeout
+    ) as resp:
+        resp.raise_for_status()
+        if opened is not None:
+            opened()
+        async for line in resp.aiter_lines():
+            if line.startswith("data: "):
+                yield json.loads(line[6:])
+
+
 async def follow(
     client: httpx.AsyncClient,
     run_id: str,
@@ -73,19 +96,13 @@ async def follow(
     after: int = 0,
     read_timeout: float = 120,
 ) -> list[dict[str, Any]]:
-    """Read ``GET /runs/{id}/events`` (SSE) from ``after`` until ``until(event)``; the events."""
+    """Read the run's events from ``after`` until ``until(event)``; the events."""
     events: list[dict[str, Any]] = []
-    headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
-    async with client.stream(
-        "GET", f"/runs/{run_id}/events", headers=headers, timeout=read_timeout
-    ) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if line.startswith("data: "):
-                event = json.loads(line[6:])
-                events.append(event)
-                if until(event):
-                    return events
+    async with aclosing(frames(client, run_id, after, read_timeout)) as stream:
+        async for event in stream:
+            events.append(event)
+            if until(event):
+                return events
     raise RuntimeError(f"stream of {run_id} ended before the awaited event: {events[-3:]}")
 
 

@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, aclosing, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Any
 import httpx
 
 from bench import markdown_table
-from bench._http import approver_headers, async_client, state_is
+from bench._http import approver_headers, async_client, frames, state_is
 from bench._pg import pg_database
 from bench._proc import Agentrt
 from bench.http_throughput import EAST, QUESTION, pct
@@ -65,17 +64,17 @@ async def live_stream(
     each one written after the stream was open. ``opened`` is set once it is."""
     events: list[Event] = []
     latencies: list[float] = []
-    headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
-    async with http.stream("GET", f"/runs/{run_id}/events", headers=headers) as resp:
-        resp.raise_for_status()
+    open_at = float("inf")
+
+    def on_open() -> None:
+        nonlocal open_at
         open_at = time.time()
         if opened is not None:
             opened.set()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: "):
-                continue
+
+    async with aclosing(frames(http, run_id, after, opened=on_open)) as stream:
+        async for event in stream:
             arrived = time.time()
-            event = json.loads(line[6:])
             events.append(event)
             written = datetime.fromisoformat(event["ts"]).timestamp()
             if written >= open_at:
