@@ -1,6 +1,6 @@
 """Requests are checked before any route sees them: no NUL in the path or query
 (PostgreSQL text cannot hold one), no %-escape that is not UTF-8, and bodies are read
-whole, bounded, and JSON by their Content-Type.
+whole, bounded, JSON by their Content-Type, and UTF-8.
 
 Content-Length alone is no limit: a chunked body has none. And JSON nested a few
 thousand levels deep would blow the parser's (or a validator's) recursion before
@@ -46,6 +46,18 @@ def json_depth_over(body: bytes, limit: int) -> bool:
         elif byte in (0x5D, 0x7D):
             depth -= 1
     return False
+
+
+def _utf8_text(body: bytes) -> bool:
+    """Whether ``body`` is UTF-8 without a NUL byte (JSON text never holds one raw:
+    UTF-16 and UTF-32 hold one in every ASCII character)."""
+    if b"\x00" in body:
+        return False
+    try:
+        body.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def is_json(media_type: bytes) -> bool:
@@ -137,6 +149,14 @@ class RequestLimits:
                 instance=path,
             )
             response.headers["Accept-Post"] = "application/json"  # RFC 9110 §15.5.16
+            await response(scope, receive, send)
+            return
+        if reads_it and not _utf8_text(body):
+            # Python's json reads UTF-16 and UTF-32 too, by their NUL bytes: not what
+            # RFC 8259 exchanges, nor what the depth count below reads byte by byte.
+            response = problem_response(
+                Code.VALIDATION_ERROR, "the body is not UTF-8 JSON text", instance=path
+            )
             await response(scope, receive, send)
             return
         if reads_it and json_depth_over(body, self.max_depth):

@@ -86,6 +86,24 @@ async def test_malformed_json_and_bad_encoding_are_422(api: Api, raw: bytes) -> 
     assert await run_count(api) == 0
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"])
+async def test_json_in_another_unicode_encoding_is_422(api: Api, encoding: str) -> None:
+    """Python's json would read it (it guesses UTF-16 and UTF-32 by their NUL bytes), and
+    the depth limit, counted on the bytes, would not: an escaped quote in UTF-16 ends
+    the string as the count reads it, and the nesting after it went uncounted (a run
+    that failed INTERNAL_ERROR, or a 500, by depth)."""
+    deep = "[" * 300 + "]" * 300
+    text = '{"input": "a\\"b", "context": {"extra": {"x": ' + deep + "}}}"
+    for body in (json.dumps(GOOD), text):
+        resp = await api.client.post(
+            "/runs", content=body.encode(encoding), headers={"Content-Type": "application/json"}
+        )
+        assert assert_problem(resp, 422, "VALIDATION_ERROR")["detail"] == (
+            "the body is not UTF-8 JSON text"
+        )
+    assert await run_count(api) == 0
+
+
 @pytest.mark.parametrize(
     ("path", "status", "code"),
     [("/nowhere", 404, "NOT_FOUND"), ("/healthz", 405, "METHOD_NOT_ALLOWED")],
