@@ -34,6 +34,10 @@ memory is written only within what the API can name, so that its user can see ea
 and have it erased on its own (``DELETE /memory/{key}``)."""
 MAX_LABEL = 200
 MAX_DEPTH = 8
+DOT_SEGMENTS = frozenset({".", ".."})
+"""Not a part of a key between slashes: URL clients remove such segments before they
+send (RFC 3986 §5.2.4), so ``DELETE /memory/.`` would go out as ``DELETE /memory``,
+which erases every memory of the user, and ``/memory/a/b/..`` as another item's."""
 
 
 def label(text: str) -> str:
@@ -64,6 +68,8 @@ class Memory:
     async def put(self, key: str, value: dict[str, Any], *sub: str) -> None:
         if not 1 <= len(key) <= MAX_KEY:
             raise ValueError(f"a memory key has 1 to {MAX_KEY} characters")
+        if DOT_SEGMENTS & set(key.split("/")):
+            raise ValueError("a memory key has no '.' or '..' between its slashes")
         if len(sub) > MAX_DEPTH or not all(1 <= len(s) <= MAX_LABEL for s in sub):
             raise ValueError(
                 f"a memory's sub-namespace has at most {MAX_DEPTH} labels"

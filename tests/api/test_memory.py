@@ -262,10 +262,19 @@ async def test_an_erasure_whose_client_hangs_up_is_still_on_the_trail(
 
 async def test_a_memory_the_api_could_not_name_is_not_written() -> None:
     mine = Memory(InMemoryStore(), "t", "u")
-    for key, sub in [("", ()), ("k" * 1001, ()), ("k", ("x" * 201,)), ("k", ("s",) * 9)]:
+    dot_segments = [".", "..", "a/..", "a/b/..", "./a", "a/./b", "a/."]
+    for key, sub in [
+        ("", ()),
+        ("k" * 1001, ()),
+        ("k", ("x" * 201,)),
+        ("k", ("s",) * 9),
+        *((key, ()) for key in dot_segments),  # a URL client would send another path
+    ]:
         try:
             await mine.put(key, {"v": 1}, *sub)
         except ValueError:
             continue
         raise AssertionError(f"kept key {key[:10]!r} under {len(sub)} labels")
     await mine.put("k" * 1000, {"v": 1}, *(["x" * 200] * 8))
+    for key in ["...", ".a", "a.", "a/.b", "a/..b/c", ". ", "a%2F.."]:
+        await mine.put(key, {"v": 1})
