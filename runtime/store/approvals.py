@@ -7,9 +7,10 @@ from typing import Any
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
-from runtime.model import Approval, ApprovalDecision
+from runtime.model import Approval, ApprovalDecision, UnreadableApproval
 from runtime.store.codec import _dec, _ts
-from runtime.store.core import WORK_CHANNEL, StoreCore
+from runtime.store.core import WORK_CHANNEL, Row, StoreCore
+from runtime.store.records import ShownApproval, shown
 
 
 class ApprovalQueries(StoreCore):
@@ -38,9 +39,19 @@ class ApprovalQueries(StoreCore):
         return Approval.model_validate(_dec(row))
 
     async def get_approval(self, approval_id: str) -> Approval | None:
-        async with self.read(runs=False) as tx:
-            row = await tx.fetchone("SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
+        row = await self._approval_row(approval_id)
         return Approval.model_validate(_dec(row)) if row else None
+
+    async def shown_approval(self, approval_id: str) -> ShownApproval | None:
+        """The approval, or its unreadable form where its row no longer validates."""
+        row = await self._approval_row(approval_id)
+        return shown([row], Approval, UnreadableApproval)[0] if row else None
+
+    async def _approval_row(self, approval_id: str) -> Row | None:
+        async with self.read(runs=False) as tx:
+            return await tx.fetchone(
+                "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,)
+            )
 
     async def list_approvals(
         self,
@@ -50,10 +61,9 @@ class ApprovalQueries(StoreCore):
         tenant_id: str | None = None,
         limit: int = 100,
     ) -> list[Approval]:
-        page, _ = await self.page_approvals(
-            status=status, run_id=run_id, tenant_id=tenant_id, limit=limit
-        )
-        return page
+        """Oldest first, as the inbox pages them."""
+        rows, _ = await self._approval_rows(status, run_id, tenant_id, limit, None)
+        return [Approval.model_validate(_dec(r)) for r in rows]
 
     async def page_approvals(
         self,
@@ -63,9 +73,21 @@ class ApprovalQueries(StoreCore):
         tenant_id: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
-    ) -> tuple[list[Approval], str | None]:
-        """Oldest first (an inbox is worked through from its oldest); the cursor of the
-        next page, None on the last one."""
+    ) -> tuple[list[ShownApproval], str | None]:
+        """An inbox's page, oldest first (it is worked through from its oldest), each row
+        that no longer validates in its unreadable form (one must not make the page a
+        500); the cursor of the next page, None on the last one."""
+        rows, next_cursor = await self._approval_rows(status, run_id, tenant_id, limit, cursor)
+        return shown(rows, Approval, UnreadableApproval), next_cursor
+
+    async def _approval_rows(
+        self,
+        status: str | None,
+        run_id: str | None,
+        tenant_id: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> tuple[list[Row], str | None]:
         where, params = ["1 = 1"], []
         if tenant_id is not None:
             # Each approval's run by key: SQLite read every run of the tenant for an IN.
@@ -80,7 +102,7 @@ class ApprovalQueries(StoreCore):
         if run_id:
             where.append("run_id = ?")
             params.append(run_id)
-        rows, next_cursor = await self._page(
+        return await self._page(
             "approvals",
             where,
             params,
@@ -89,7 +111,6 @@ class ApprovalQueries(StoreCore):
             cursor=cursor,
             runs=False,
         )
-        return [Approval.model_validate(_dec(r)) for r in rows], next_cursor
 
     async def decide_approval(
         self,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from server.client_render import ASCII, Renderer
 from tests.api.conftest import Api
-from tests.api.helpers import corrupt, parked_demo_run, unreadable
+from tests.api.helpers import corrupt, parked_demo_run, problem, unreadable
+from tests.auth import MGR
 
 
 async def test_a_row_that_no_longer_validates_is_shown_marked(api: Api) -> None:
@@ -55,3 +56,36 @@ async def test_a_row_that_no_longer_validates_is_shown_marked(api: Api) -> None:
     assert f"  {broken} exploded UNREADABLE: status: Input should be" in text
     assert f"  {approval_id} mislaid UNREADABLE: status: " in text
     assert "  #0 UNREADABLE: decision" in text
+
+
+async def test_an_approval_that_no_longer_validates_is_listed_marked_and_not_decided(
+    api: Api,
+) -> None:
+    """One such row made the tenant's whole inbox a 500 (and a decision on it too):
+    the inbox lists it marked; a decision is refused, nobody seeing what it would
+    approve; the run is cancelled as any other."""
+    run_id, approval_id, _ = await parked_demo_run(api)
+    await corrupt(api, "approvals", "args = ?", "approval_id = ?", "[1]", approval_id)
+
+    for query in ("", f"?run_id={run_id}"):
+        inbox = await api.client.get(f"/approvals{query}", headers=MGR)
+        assert inbox.status_code == 200, inbox.text
+        [bad] = unreadable(inbox.json())
+        assert (bad["approval_id"], bad["run_id"], bad["status"]) == (
+            approval_id,
+            run_id,
+            "pending",
+        )
+        assert [p.split(":")[0] for p in bad["problems"]] == ["args"]
+
+    refused = problem(await api.decide(run_id, approval_id, "approve"), 409, "RUN_STATE_CONFLICT")
+    assert approval_id in refused["detail"] and "args" in refused["detail"]
+    assert (await api.client.get(f"/runs/{run_id}")).json()["state"] == "waiting_human"
+
+    cancelled = await api.client.post(f"/runs/{run_id}/cancel", json={"reason": "unreadable"})
+    assert cancelled.status_code in (200, 202), cancelled.text
+    await api.wait_event(run_id, lambda e: e["data"].get("to") == "failed")
+    expired = await api.client.get(f"/approvals?state=expired&run_id={run_id}", headers=MGR)
+    assert expired.status_code == 200, expired.text
+    [bad] = unreadable(expired.json())
+    assert (bad["approval_id"], bad["status"]) == (approval_id, "expired")

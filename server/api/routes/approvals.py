@@ -10,7 +10,8 @@ from pydantic import Field
 
 from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
-from runtime.model import Approval, ApprovalStatus, Run, Strict
+from runtime.model import Approval, ApprovalStatus, Run, Strict, UnreadableApproval
+from runtime.store.records import ShownApproval
 from server.api.deps import EngineDep, PrincipalDep, RunDep, ServicesDep, StoreDep
 from server.api.openapi import AUTHENTICATED, OF_A_RUN, WITH_BODY, headers, problem_responses
 from server.api.paging import next_link
@@ -39,7 +40,7 @@ class DecisionRequest(Strict):
 
 @router.get(
     "/approvals",
-    response_model=list[Approval],
+    response_model=list[Approval | UnreadableApproval],
     responses={**problem_responses(*AUTHENTICATED), 200: {"headers": headers("Link")}},
 )
 async def list_approvals(
@@ -51,9 +52,11 @@ async def list_approvals(
     run_id: Annotated[str | None, Query(max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
-) -> list[Approval]:
+) -> list[ShownApproval]:
     """Oldest first. A fuller inbox than ``limit`` says where its next page is in a
-    ``Link: <…>; rel="next"`` header (RFC 8288), the list itself staying a list."""
+    ``Link: <…>; rel="next"`` header (RFC 8288), the list itself staying a list. An
+    approval whose stored row no longer validates is listed marked, ``"unreadable":
+    true``, by its keys and status as stored."""
     page, next_cursor = await store.page_approvals(
         status=state, run_id=run_id, tenant_id=principal.tenant_id, limit=limit, cursor=cursor
     )
@@ -109,9 +112,17 @@ async def decide(
     # Read with every Prefer line by wait_preference; declared for the API's docs.
     _prefer: Annotated[str | None, Header(alias="prefer", description=PREFER_WAIT)] = None,
 ) -> JSONResponse:
-    approval = await store.get_approval(approval_id)
+    approval = await store.shown_approval(approval_id)
     if approval is None or approval.run_id != run.run_id:
         raise RuntimeProblem(Code.APPROVAL_NOT_FOUND, f"no approval {approval_id} on {run.run_id}")
+    if isinstance(approval, UnreadableApproval):
+        # Nobody can see what they would decide on (its tool, its arguments), nor can
+        # the run read it when it resumes: the run is to be cancelled, not resumed.
+        raise RuntimeProblem(
+            Code.RUN_STATE_CONFLICT,
+            f"approval {approval_id} is stored in a form that no longer validates"
+            f" ({'; '.join(approval.problems)}): it cannot be decided; cancel the run",
+        )
     if body.decided_by is not None and body.decided_by != principal.user_id:
         raise RuntimeProblem(Code.PRINCIPAL_MISMATCH, "decided_by must be the caller")
     if not principal.has_role(APPROVER):
