@@ -48,16 +48,16 @@ def json_depth_over(body: bytes, limit: int) -> bool:
     return False
 
 
-def _utf8_text(body: bytes) -> bool:
-    """Whether ``body`` is UTF-8 without a NUL byte (JSON text never holds one raw:
-    UTF-16 and UTF-32 hold one in every ASCII character)."""
+def _not_utf8_text(body: bytes) -> str | None:
+    """What keeps ``body`` from being UTF-8 JSON text, if anything. A raw NUL byte is
+    never JSON (UTF-16 and UTF-32 hold one in every ASCII character)."""
     if b"\x00" in body:
-        return False
+        return "the body holds a NUL byte: JSON text is sent as UTF-8, NUL escaped"
     try:
         body.decode()
     except UnicodeDecodeError:
-        return False
-    return True
+        return "the body is not UTF-8 JSON text"
+    return None
 
 
 def is_json(media_type: bytes) -> bool:
@@ -151,12 +151,11 @@ class RequestLimits:
             response.headers["Accept-Post"] = "application/json"  # RFC 9110 §15.5.16
             await response(scope, receive, send)
             return
-        if reads_it and not _utf8_text(body):
+        not_text = _not_utf8_text(body) if reads_it else None
+        if not_text is not None:
             # Python's json reads UTF-16 and UTF-32 too, by their NUL bytes: not what
             # RFC 8259 exchanges, nor what the depth count below reads byte by byte.
-            response = problem_response(
-                Code.VALIDATION_ERROR, "the body is not UTF-8 JSON text", instance=path
-            )
+            response = problem_response(Code.VALIDATION_ERROR, not_text, instance=path)
             await response(scope, receive, send)
             return
         if reads_it and json_depth_over(body, self.max_depth):

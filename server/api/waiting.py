@@ -122,9 +122,8 @@ def log_unanswered(what: str, failed: Exception) -> None:
     made, a decision taken), which the response says without the wait. A refusal of
     ours (the credential gone meanwhile, the run pruned) is how such a wait may end, and
     its problem says all there is; anything else is ours to look into."""
-    if isinstance(failed, RuntimeProblem):
-        level = logging.WARNING if failed.info.http_status >= 500 else logging.INFO
-        log.log(level, "waiting %s: %s (%s)", what, failed.code.value, failed.message)
+    if isinstance(failed, RuntimeProblem) and failed.info.http_status < 500:
+        log.info("waiting %s: %s (%s)", what, failed.code.value, failed.message)
     else:
         log.warning("waiting %s failed", what, exc_info=failed)
 

@@ -278,3 +278,13 @@ async def test_a_memory_the_api_could_not_name_is_not_written() -> None:
     await mine.put("k" * 1000, {"v": 1}, *(["x" * 200] * 8))
     for key in ["...", ".a", "a.", "a/.b", "a/..b/c", ". ", "a%2F.."]:
         await mine.put(key, {"v": 1})
+
+
+async def test_a_dot_key_an_older_version_wrote_is_erased_on_its_own(api: Api) -> None:
+    assert api.engine.memory is not None
+    mine = Memory(api.engine.memory, OPS_TENANT, OPS_USER)
+    await mine.put("keep", {"v": 1})
+    await api.engine.memory.aput(mine._namespace(()), ".", {"v": 2})  # before the refusal
+
+    assert (await api.client.delete("/memory/%2E")).status_code == 204
+    assert await mine.items() == {"keep": {"v": 1}}

@@ -78,6 +78,10 @@ async def test_an_approval_that_no_longer_validates_is_listed_marked_and_not_dec
         )
         assert [p.split(":")[0] for p in bad["problems"]] == ["args"]
 
+    as_starter = await api.client.post(
+        f"/runs/{run_id}/approvals/{approval_id}", json={"decision": "approve"}
+    )
+    problem(as_starter, 403, "ROLE_REQUIRED")  # who may decide is checked first, as ever
     refused = problem(await api.decide(run_id, approval_id, "approve"), 409, "RUN_STATE_CONFLICT")
     assert approval_id in refused["detail"] and "args" in refused["detail"]
     assert (await api.client.get(f"/runs/{run_id}")).json()["state"] == "waiting_human"

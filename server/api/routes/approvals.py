@@ -115,6 +115,18 @@ async def decide(
     approval = await store.shown_approval(approval_id)
     if approval is None or approval.run_id != run.run_id:
         raise RuntimeProblem(Code.APPROVAL_NOT_FOUND, f"no approval {approval_id} on {run.run_id}")
+    if body.decided_by is not None and body.decided_by != principal.user_id:
+        raise RuntimeProblem(Code.PRINCIPAL_MISMATCH, "decided_by must be the caller")
+    if not principal.has_role(APPROVER):
+        raise RuntimeProblem(Code.ROLE_REQUIRED, "deciding an approval needs the approver role")
+    if principal.user_id == run.context.user_id and (
+        # Its tool unknown, as if it forbade self-approval (four_eyes does the same).
+        isinstance(approval, UnreadableApproval)
+        or four_eyes(engine, run, approval.tool, approval.version)
+    ):
+        raise RuntimeProblem(
+            Code.FOUR_EYES, "the user who started the run cannot approve its own action"
+        )
     if isinstance(approval, UnreadableApproval):
         # Nobody can see what they would decide on (its tool, its arguments), nor can
         # the run read it when it resumes: the run is to be cancelled, not resumed.
@@ -122,16 +134,6 @@ async def decide(
             Code.RUN_STATE_CONFLICT,
             f"approval {approval_id} is stored in a form that no longer validates"
             f" ({'; '.join(approval.problems)}): it cannot be decided; cancel the run",
-        )
-    if body.decided_by is not None and body.decided_by != principal.user_id:
-        raise RuntimeProblem(Code.PRINCIPAL_MISMATCH, "decided_by must be the caller")
-    if not principal.has_role(APPROVER):
-        raise RuntimeProblem(Code.ROLE_REQUIRED, "deciding an approval needs the approver role")
-    if principal.user_id == run.context.user_id and four_eyes(
-        engine, run, approval.tool, approval.version
-    ):
-        raise RuntimeProblem(
-            Code.FOUR_EYES, "the user who started the run cannot approve its own action"
         )
     wait_s = wait_preference(request, services.settings.max_wait_s)
     headers = dict(VARY)
