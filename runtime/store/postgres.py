@@ -62,9 +62,14 @@ async def _configure(conn: AsyncConnection[DictRow]) -> None:
     # No JIT: ours are short statements, and a planner without fresh statistics (a
     # backlog that arrived in the last minute) priced a claim above jit_above_cost,
     # then spent 30 ms compiling a query that runs in one.
+    # READ COMMITTED whatever the database's or role's default: a statement behind an
+    # advisory lock (a tenant's cap) must see what the lock's last holder committed,
+    # which a snapshot taken before the lock was granted does not. (Snapshots that
+    # must be one instant ask for REPEATABLE READ themselves.)
     await conn.execute(
         "SELECT set_config('idle_in_transaction_session_timeout', '60s', false), "
-        "set_config('jit', 'off', false)"
+        "set_config('jit', 'off', false), "
+        "set_config('default_transaction_isolation', 'read committed', false)"
     )
 
 

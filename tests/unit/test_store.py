@@ -8,6 +8,7 @@ import stat
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -331,6 +332,40 @@ async def test_postgres_sessions_compile_nothing(pg_schema_url: str) -> None:
         async with opened.store.pool.connection() as conn:  # type: ignore[attr-defined]
             cur = await conn.execute("SELECT current_setting('jit') AS jit")
             assert await cur.fetchone() == {"jit": "off"}
+    finally:
+        await opened.close()
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+async def test_postgres_sessions_read_committed_whatever_the_default(
+    pg_schema_url: str, isolation: str
+) -> None:
+    """An operator's default isolation (ALTER DATABASE/ROLE, PGOPTIONS) above READ
+    COMMITTED: a create's snapshot, taken before the tenant's lock was granted, missed
+    the run another create had just committed, and both passed the tenant's cap."""
+    from runtime.backend import open_backend
+
+    value = isolation.replace(" ", "\\ ")  # libpq's options: a space in a value is escaped
+    url = pg_schema_url + quote(f" -cdefault_transaction_isolation={value}")  # options go on
+    opened = await open_backend(url)
+    try:
+        store = opened.store
+        async with store.pool.connection() as conn:  # type: ignore[attr-defined]
+            cur = await conn.execute("SELECT current_setting('transaction_isolation') AS i")
+            assert await cur.fetchone() == {"i": "read committed"}
+        outcomes = await asyncio.gather(
+            *(
+                store.create_run(build_run(tenant_id="capped"), "hash", max_active=1)
+                for _ in range(8)
+            ),
+            return_exceptions=True,
+        )
+        assert sum(not isinstance(o, BaseException) for o in outcomes) == 1, outcomes
+        assert all(
+            isinstance(o, RuntimeProblem) and o.code is Code.TENANT_RUN_LIMIT
+            for o in outcomes
+            if isinstance(o, BaseException)
+        ), outcomes
     finally:
         await opened.close()
 
