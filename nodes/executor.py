@@ -65,7 +65,7 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
         artifacts = StoreArtifacts(ctx.store, ctx.run_id)
         memory = None
         if runtime.store is not None:
-            memory = Memory(runtime.store, context.tenant_id, context.user_id)
+            memory = Memory.for_tool(runtime.store, context.tenant_id, context.user_id)
 
         async def run_call(call: dict[str, Any]) -> ToolCall:
             spec = tools.resolve(call["tool"], call["version"])

@@ -47,7 +47,7 @@ class CallSetting:
             artifacts=StoreArtifacts(store, run.run_id),
             memory=None
             if memory is None
-            else Memory(memory, run.context.tenant_id, run.context.user_id),
+            else Memory.for_tool(memory, run.context.tenant_id, run.context.user_id),
         )
 
 

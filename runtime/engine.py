@@ -29,6 +29,7 @@ from runtime.budget import Maxima, effective_limits
 from runtime.cancelling import CallSetting, CutOff, finish_cancel
 from runtime.checkpointer import LEASE
 from runtime.commands import Drive
+from runtime.dberrors import TRANSIENT_DB_ERRORS
 from runtime.errors import CODES, Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.events import EventType
@@ -38,7 +39,6 @@ from runtime.lifecycle import TERMINAL, State
 from runtime.metrics import Metrics
 from runtime.model import Run, RunCreate, utcnow
 from runtime.retry import (
-    TRANSIENT_DB_ERRORS,
     DriveRetry,
     after_broken_drive,
     after_failed_drive,

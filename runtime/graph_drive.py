@@ -21,12 +21,12 @@ from runtime.aio import to_the_end
 from runtime.cancelling import CallSetting, CutOff, fail_cut_off
 from runtime.commands import Drive, RunCommands
 from runtime.context import Context
+from runtime.dberrors import DATABASE_ERRORS
 from runtime.errors import Code
 from runtime.ledger import StoreArtifacts, write_outcome
 from runtime.lifecycle import TERMINAL
 from runtime.model import Approval, Run, Usage
 from runtime.recording import Recording, Unrecorded
-from runtime.retry import DATABASE_ERRORS
 from runtime.store.base import LeaseLost, RunStore
 
 log = logging.getLogger("runtime.engine")

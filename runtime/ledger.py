@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from runtime import failpoints
 from runtime.aio import to_the_end
 from runtime.breaker import BREAKERS, Breaker
+from runtime.dberrors import TRANSIENT_DB_ERRORS, ServiceUnavailable
 from runtime.errors import Code
 from runtime.events import summarize
 from runtime.ids import idempotency_key
@@ -67,7 +68,10 @@ class StoreArtifacts:
             run_id=self.run_id,
             created_at=utcnow(),
         )
-        return await self.store.put_artifact(artifact, content)
+        try:
+            return await self.store.put_artifact(artifact, content)
+        except TRANSIENT_DB_ERRORS as exc:
+            raise ServiceUnavailable(f"artifact store: {exc}") from exc
 
 
 def new_ledger_row(
@@ -165,8 +169,8 @@ async def _run_handler(
                 return "failed", None, {"code": Code.TOOL_UNAVAILABLE, "message": message}, attempt
             delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
             await asyncio.sleep(delay * (0.5 + random.random()))
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, ServiceUnavailable):
+            raise  # ours, not the tool's: the drive is handed back, the call left running
         except Exception as exc:
             message = scrub(repr(exc), secrets)
             if secrets:  # a traceback would print the unscrubbed message

@@ -16,6 +16,8 @@ from typing import Any
 
 from langgraph.store.base import BaseStore, PutOp
 
+from runtime.dberrors import ServiceStore
+
 ROOT = "memory"
 LEAF = "="
 """Last label of every namespace holding items. BaseStore searches by namespace prefix,
@@ -52,6 +54,12 @@ class Memory:
     def __init__(self, store: BaseStore, tenant_id: str, user_id: str) -> None:
         self._store = store
         self._prefix = (ROOT, label(tenant_id), label(user_id))
+
+    @classmethod
+    def for_tool(cls, store: BaseStore, tenant_id: str, user_id: str) -> Memory:
+        """As a tool reaches it: our store failing is :class:`ServiceUnavailable`, not
+        the tool's failure."""
+        return cls(ServiceStore(store), tenant_id, user_id)
 
     @property
     def owner(self) -> tuple[str, ...]:

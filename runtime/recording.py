@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from runtime.dberrors import TRANSIENT_DB_ERRORS
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -163,8 +165,6 @@ async def with_retries(
     """``write()``, tried again on a transient database error until ``until()``
     (monotonic) as it is at the first failure; the last error is raised. Only for a
     write safe to repeat."""
-    from runtime.retry import TRANSIENT_DB_ERRORS  # here: runtime.retry imports the ledger
-
     tries = 0
     deadline: float | None = None
     while True:

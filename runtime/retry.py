@@ -18,27 +18,19 @@ killing that one too, it fails with RUN_CRASH_LOOP instead of being driven again
 from __future__ import annotations
 
 import logging
-import sqlite3
 from dataclasses import dataclass
 
-import psycopg
 from pydantic import ValidationError
 
 from runtime.adapter import fail_run, failure_trigger
 from runtime.cancelling import CallSetting, CutOff, fail_cut_off
+from runtime.dberrors import DATABASE_ERRORS
 from runtime.errors import Code
 from runtime.ledger import ReconcileUnanswered
 from runtime.model import problems_of
 from runtime.store.base import DriveStart, LeaseLost, RunStore
 
 log = logging.getLogger("runtime.engine")
-
-TRANSIENT_DB_ERRORS = (psycopg.OperationalError, sqlite3.OperationalError, OSError)
-"""What a database that is away, or refusing writes for now, raises."""
-DATABASE_ERRORS = (psycopg.Error, sqlite3.Error, OSError)
-"""Whatever a database or its driver raises: a failure to record that may be the
-connection's (a failover's read-only transaction, a broken pooled connection), not the
-run's rows, so it is never taken for one that lasts."""
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import time
 from collections.abc import Awaitable
 
 from runtime.aio import within
+from runtime.dberrors import TRANSIENT_DB_ERRORS
 from runtime.engine import Engine
-from runtime.retry import TRANSIENT_DB_ERRORS
 
 log = logging.getLogger(__name__)
 

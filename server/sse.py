@@ -10,12 +10,12 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from runtime.aio import within
+from runtime.dberrors import DATABASE_ERRORS, TRANSIENT_DB_ERRORS
 from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.events import is_terminal_event
 from runtime.lifecycle import TERMINAL
 from runtime.model import Event, UnreadableEvent
-from runtime.retry import DATABASE_ERRORS, TRANSIENT_DB_ERRORS
 from runtime.store.base import RunStore
 from runtime.store.records import ShownEvent, shown
 from server.settings import one_line

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+from runtime.dberrors import TRANSIENT_DB_ERRORS
 from runtime.errors import Code, RuntimeProblem
-from runtime.retry import TRANSIENT_DB_ERRORS
 from runtime.store.base import RunStore
 from server.auth.jwt_tokens import JwtError, JwtVerifier
 from server.auth.keys import PREFIX, principal_for_key

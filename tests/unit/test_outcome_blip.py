@@ -31,13 +31,13 @@ from runtime.agent import AgentSpec
 from runtime.backend import open_backend
 from runtime.ledger import INLINE_OUTPUT_BYTES, StoreArtifacts, execute_once, new_ledger_row
 from runtime.lifecycle import State
-from runtime.model import Decision, RunContext, RunCreate, ToolCall
+from runtime.model import Decision, Run, RunContext, RunCreate, ToolCall
 from runtime.planner import PlannerView
 from runtime.policy import DefaultPolicy
 from runtime.recording import Recording
 from runtime.store.base import RunStore
 from runtime.tooling import ToolContext, ToolSpec
-from server.host import open_host
+from server.host import Host, open_host
 from server.settings import Settings
 from tests.agents import ScriptPlanner, call, finish
 from tests.unit.conftest import MakeRun
@@ -287,6 +287,19 @@ def shipper(shipped: list[str], blip: Blip, seconds: float) -> dict[str, AgentSp
     return shipper_of(ToolRegistry([ship_tool(shipped, blip, seconds)]))
 
 
+async def settled_through(host: Host, blip: Blip, run_id: str) -> Run:
+    """The run once it has settled, the blip over (the test's own reads meet it too)."""
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                final = await host.engine.wait_settled(run_id, within_s=60)
+                break
+            except (psycopg.OperationalError, sqlite3.OperationalError):
+                await asyncio.sleep(0.1)
+    await blip.over(host.store)
+    return final
+
+
 @pytest.mark.parametrize(
     ("lease_s", "blip_s"),
     [(30.0, BLIP_S), (1.0, 2.5)],
@@ -307,14 +320,7 @@ async def test_a_run_whose_outcome_meets_a_blip_ends_without_a_human(
     )
     async with open_host(settings, shipper(shipped, blip, blip_s)) as host:
         run, _ = await host.engine.create_run(RunCreate(agent_id="shipper", input="ship"))
-        async with asyncio.timeout(60):
-            while True:
-                try:
-                    final = await host.engine.wait_settled(run.run_id, within_s=60)
-                    break
-                except (psycopg.OperationalError, sqlite3.OperationalError):
-                    await asyncio.sleep(0.1)  # the blip, on the test's own read
-        await blip.over(host.store)
+        final = await settled_through(host, blip, run.run_id)
         [row] = await host.store.list_tool_calls(run.run_id)
         events = await host.store.list_events(run.run_id)
         approvals = await host.store.list_approvals(run_id=run.run_id)

@@ -1,0 +1,100 @@
+"""A blip of the runtime's own database while a tool uses it (the artifact it writes, its
+user's memory): that is not the tool's failure. The drive is handed back, as after a
+crash mid-call, and the next one runs the call again where that is safe; the run does
+not fail ``TOOL_FAILED``. A tool's own database failing it is still the tool's failure.
+
+The blip is the one of :mod:`tests.unit.test_outcome_blip`: every pooled PostgreSQL
+session ended, or SQLite's write lock held by another connection.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from runtime.lifecycle import State
+from runtime.model import RunCreate
+from runtime.tooling import ToolContext, ToolSpec
+from server.host import open_host
+from server.settings import Settings
+from tests.unit.test_outcome_blip import BLIP_S, Blip, blip, settled_through, shipper_of
+from tools.registry import ToolRegistry
+
+__all__ = ["blip"]  # the fixture, used by name
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+def writer(ran: list[str], blip: Blip, uses: str) -> ToolSpec:
+    """Idempotent, no side effect: safe to run again. Its first run meets the blip as it
+    writes through the runtime (``uses``: "artifacts" or "memory")."""
+
+    async def write(args: NoArgs, ctx: ToolContext) -> dict[str, object]:
+        ran.append(ctx.tool_call_id)
+        if len(ran) == 1:
+            blip.start(BLIP_S)
+        if uses == "artifacts":
+            art = await ctx.artifacts.put(b"# report", "text/markdown", "report.md")
+            return {"artifact_id": art.artifact_id}
+        assert ctx.memory is not None
+        await ctx.memory.put("last_report", {"v": 1})
+        return {"remembered": True}
+
+    return ToolSpec("ship", "1", "Write a report.", NoArgs, write)
+
+
+async def settled(blip: Blip, uses: str, data_dir: Path) -> tuple[State, list[str], str]:
+    ran: list[str] = []
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=blip.url,
+        default_agent="shipper",
+        drive_retry_seconds=0.1,
+        lease_seconds=2.0,  # a drive failed in the blip may not release its lease
+    )
+    async with open_host(settings, shipper_of(ToolRegistry([writer(ran, blip, uses)]))) as host:
+        run, _ = await host.engine.create_run(RunCreate(agent_id="shipper", input="write"))
+        final = await settled_through(host, blip, run.run_id)
+        [row] = await host.store.list_tool_calls(run.run_id)
+    return final.state, ran, row.status
+
+
+async def test_an_artifact_store_blip_hands_the_drive_back(blip: Blip, data_dir: Path) -> None:
+    state, ran, status = await settled(blip, "artifacts", data_dir)
+
+    assert (state, status) == (State.SUCCEEDED, "succeeded")
+    assert len(ran) == 2 and len(set(ran)) == 1  # the same call, run again
+
+
+# SQLite's memory store has a connection of its own, which waits out the blip.
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_a_memory_store_blip_hands_the_drive_back(blip: Blip, data_dir: Path) -> None:
+    state, ran, status = await settled(blip, "memory", data_dir)
+
+    assert (state, status) == (State.SUCCEEDED, "succeeded")
+    assert len(ran) == 2 and len(set(ran)) == 1
+
+
+async def test_a_tools_own_database_failing_is_the_tools_failure(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """The same error type, raised by the tool's own connection: ``TOOL_FAILED``."""
+
+    async def query(args: NoArgs, ctx: ToolContext) -> dict[str, object]:
+        sqlite3.connect(tmp_path / "sales.db").execute("SELECT * FROM no_such_table")
+        return {}
+
+    tools = ToolRegistry([ToolSpec("ship", "1", "Query sales.", NoArgs, query)])
+    settings = Settings(data_dir=data_dir, default_agent="shipper")
+    async with open_host(settings, shipper_of(tools)) as host:
+        run, _ = await host.engine.create_run(RunCreate(agent_id="shipper", input="query"))
+        final = await host.engine.wait_settled(run.run_id, within_s=60)
+        [row] = await host.store.list_tool_calls(run.run_id)
+
+    assert final.state is State.FAILED and row.status == "failed", (final, row)
+    assert row.error is not None and row.error["code"] == "TOOL_FAILED"
