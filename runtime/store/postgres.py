@@ -114,6 +114,8 @@ class SessionPool(AsyncConnectionPool[AsyncConnection[DictRow]]):
         self.sessions: set[int] = set()
         """Backend pids of the sessions opened (closed ones stay: a pid reused by another
         process's session costs that one's notices a short delay here, nothing more)."""
+        self.sweeping: asyncio.Task[None] | None = None
+        """The check of the idle sessions that a broken one set off, while it runs."""
         super().__init__(
             url,
             min_size=1,
@@ -127,6 +129,29 @@ class SessionPool(AsyncConnectionPool[AsyncConnection[DictRow]]):
     async def _configure(self, conn: AsyncConnection[DictRow]) -> None:
         await _configure(conn)
         self.sessions.add(conn.info.backend_pid)
+
+    async def putconn(self, conn: AsyncConnection[DictRow]) -> None:
+        broken = conn.broken
+        await super().putconn(conn)
+        if broken and self.sweeping is None and not self.closed:
+            # A session that broke seldom broke alone (a restart, a failover ends them
+            # all), and the pool finds the others only as each is next used: each would
+            # fail one more statement (a drive, a request), and a run fails at its fifth
+            # failed drive in a row. One check of the idle ones, for one broken.
+            self.sweeping = asyncio.create_task(self._sweep())
+
+    async def close(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109 (psycopg_pool's)
+        if self.sweeping is not None:
+            self.sweeping.cancel()
+        await super().close(timeout)
+
+    async def _sweep(self) -> None:
+        try:
+            await self.check()
+        except Exception:  # the pool closing meanwhile; the next broken one sweeps again
+            log.debug("checking the pool's sessions failed", exc_info=True)
+        finally:
+            self.sweeping = None
 
 
 async def open_pool(url: str, max_size: int = 10) -> SessionPool:
