@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from runtime import failpoints
 from runtime.aio import to_the_end
 from runtime.breaker import BREAKERS, Breaker
-from runtime.dberrors import TRANSIENT_DB_ERRORS, ServiceUnavailable
+from runtime.dberrors import ServiceUnavailable, serving
 from runtime.errors import Code
 from runtime.events import summarize
 from runtime.ids import idempotency_key
@@ -68,10 +68,8 @@ class StoreArtifacts:
             run_id=self.run_id,
             created_at=utcnow(),
         )
-        try:
+        with serving("artifact store"):
             return await self.store.put_artifact(artifact, content)
-        except TRANSIENT_DB_ERRORS as exc:
-            raise ServiceUnavailable(f"artifact store: {exc}") from exc
 
 
 def new_ledger_row(
@@ -126,6 +124,8 @@ async def _reconcile(spec: ToolSpec, args: BaseModel, tctx: ToolContext) -> Any 
         secrets = secret_values(spec, args)
         if not secrets:
             raise
+        if isinstance(exc, ServiceUnavailable):  # still ours, not the tool's
+            raise ServiceUnavailable(scrub(str(exc), secrets)) from None
         # The drive fails with this message and logs it; the original would carry the
         # values in its text and traceback.
         raise ReconcileFailed(f"{spec.ref} reconcile: {scrub(repr(exc), secrets)}") from None

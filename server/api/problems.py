@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import psycopg
-import psycopg_pool
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -16,6 +15,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from runtime.dberrors import unavailable
 from runtime.errors import CODES, Code, RuntimeProblem
 
 log = logging.getLogger(__name__)
@@ -136,10 +136,10 @@ def install(app: FastAPI) -> None:
             response.headers["Allow"] = ", ".join(allowed)
         return response
 
-    @app.exception_handler(psycopg.OperationalError)
+    @app.exception_handler(psycopg.Error)
     @app.exception_handler(sqlite3.OperationalError)
     async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        if not _unavailable(exc):  # bad SQL, a limit: a retry would fail the same way
+        if not unavailable(exc):  # bad SQL, a limit: a retry would fail the same way
             return await unexpected(request, exc)
         log.warning("database unavailable on %s: %s", request.url.path, exc)
         return problem_response(
@@ -153,29 +153,3 @@ def install(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
         return problem_response(Code.INTERNAL_ERROR, "internal error", instance=request.url.path)
-
-
-_PASSING_SQLSTATES = ("08", "40", "53", "57", "58", "55P03")
-"""Connection exceptions, transaction rollbacks (deadlocks, serialisation), insufficient
-resources, operator intervention (a shutdown), system errors (I/O), a lock not available."""
-
-
-def _unavailable(exc: Exception) -> bool:
-    """Whether a database error says the database cannot serve now, not that the request
-    or the code is wrong: SQLite's OperationalError also means bad SQL, PostgreSQL's
-    also a limit exceeded; only what passes is worth a retry."""
-    if isinstance(exc, sqlite3.OperationalError):
-        text = str(exc).lower()
-        return any(w in text for w in ("locked", "disk", "unable to open"))
-    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed):
-        return True
-    sqlstate = getattr(exc, "sqlstate", None)
-    if sqlstate is None:  # no answer from the server: the connection, or the client refused
-        text = str(exc).lower()
-        return any(w in text for w in _CONNECTION_LOST)
-    return str(sqlstate).startswith(_PASSING_SQLSTATES)
-
-
-_CONNECTION_LOST = ("connection", "server closed", "terminat", "timeout", "ssl", "eof")
-"""How libpq and psycopg say a connection went (as against, say, "number of parameters
-must be between 0 and 65535", refused before anything was sent)."""

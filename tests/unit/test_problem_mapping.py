@@ -1,4 +1,5 @@
-"""Which database errors a request answers 503 (retry) for, and which stay a 500."""
+"""Which database errors a request answers 503 (retry) for, and which stay a 500; and
+which, under a tool, are the runtime's store unavailable (runtime.dberrors.serving)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import psycopg.errors
 import psycopg_pool
 import pytest
 
-from server.api.problems import _unavailable
+from runtime.dberrors import unavailable
 
 
 @pytest.mark.parametrize(
@@ -32,6 +33,9 @@ from server.api.problems import _unavailable
         (psycopg.errors.lookup("55P03")(), True),  # lock not available
         (psycopg.errors.lookup("54000")(), False),  # a limit: the same again on retry
         (psycopg.errors.lookup("55000")(), False),  # object not in prerequisite state
+        (psycopg.errors.lookup("25006")(), True),  # read-only transaction: a failover's
+        (psycopg.errors.lookup("23505")(), False),  # unique violation
+        (ConnectionResetError("reset by peer"), True),
         (sqlite3.OperationalError("database is locked"), True),
         (sqlite3.OperationalError("database or disk is full"), True),
         (sqlite3.OperationalError("unable to open database file"), True),
@@ -41,4 +45,4 @@ from server.api.problems import _unavailable
     ids=str,
 )
 def test_only_what_passes_is_unavailable(exc: Exception, passing: bool) -> None:
-    assert _unavailable(exc) is passing
+    assert unavailable(exc) is passing
