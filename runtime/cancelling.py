@@ -15,6 +15,7 @@ from typing import Any
 from langgraph.store.base import BaseStore
 
 from runtime.adapter import fail_run, side_effects
+from runtime.dberrors import ServiceUnavailable
 from runtime.errors import CODES, Code
 from runtime.events import EventType
 from runtime.ledger import StoreArtifacts, scrub, secret_values, settle_cut_off
@@ -192,8 +193,9 @@ async def compensate_effects(store: RunStore, setting: CallSetting, run: Run) ->
                 spec.compensate(spec.stored_args(row.args), row.output, tctx),
                 spec.timeout_s,
             )
-        except asyncio.CancelledError:
-            # Cut short (a shutdown): whoever finishes the cancel claims it again, this
+        except (asyncio.CancelledError, ServiceUnavailable):
+            # Cut short (a shutdown), or our database away under it (not the
+            # compensation failing): whoever finishes the cancel claims it again, this
             # drive too (a claim is one per lease), and runs it again. Were the release
             # lost, the next lease's claim still takes it.
             with contextlib.suppress(Exception):

@@ -9,17 +9,23 @@ session ended, or SQLite's write lock held by another connection.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
+from graphs.run_graph import build_run_graph
+from runtime.agent import AgentSpec
 from runtime.lifecycle import State
-from runtime.model import RunCreate
+from runtime.model import Decision, RunCreate
+from runtime.planner import PlannerView
+from runtime.policy import DefaultPolicy
 from runtime.tooling import ToolContext, ToolSpec
 from server.host import open_host
 from server.settings import Settings
+from tests.agents import ScriptPlanner, call
 from tests.unit.test_outcome_blip import BLIP_S, Blip, blip, settled_through, shipper_of
 from tools.registry import ToolRegistry
 
@@ -131,3 +137,57 @@ async def test_a_write_our_store_refuses_is_the_tools_failure(
     assert final.state is State.FAILED and len(ran) == 1, (final, ran)
     assert row.error is not None and row.error["code"] == "TOOL_FAILED", row
     assert "index row size" in row.error["message"]
+
+
+async def test_a_compensation_that_meets_a_blip_is_run_again_not_failed(
+    blip: Blip, data_dir: Path
+) -> None:
+    """A cancel's compensation writes its receipt (an artifact) as the database goes
+    away: not COMPENSATION_FAILED for a human, but the cancel's drive handed back, and
+    the next one compensates."""
+    shipped, held = asyncio.Event(), asyncio.Event()
+    undone: list[str] = []
+
+    async def ship(args: NoArgs, ctx: ToolContext) -> dict[str, object]:
+        shipped.set()
+        return {"shipped": True}
+
+    async def unship(args: NoArgs, output: object, ctx: ToolContext) -> None:
+        undone.append(ctx.tool_call_id)
+        if len(undone) == 1:
+            blip.start(BLIP_S)
+        await ctx.artifacts.put(b"refund", "text/plain", "receipt.txt")
+
+    async def hold(args: NoArgs, ctx: ToolContext) -> dict[str, object]:
+        await held.wait()  # until the cancel cuts it off
+        return {}
+
+    def script(view: PlannerView) -> Decision:
+        return call("hold") if view.observations else call("ship")
+
+    tools = ToolRegistry(
+        [
+            ToolSpec("ship", "1", "Ship.", NoArgs, ship, side_effect=True, compensate=unship),
+            ToolSpec("hold", "1", "Hold.", NoArgs, hold),
+        ]
+    )
+    graph = build_run_graph(ScriptPlanner(script), tools, DefaultPolicy())
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=blip.url,
+        default_agent="shipper",
+        drive_retry_seconds=0.1,
+        lease_seconds=2.0,  # a drive failed in the blip may not release its lease
+    )
+    agents = {"shipper": AgentSpec("shipper", "ships", graph, tools)}
+    async with open_host(settings, agents) as host:
+        run, _ = await host.engine.create_run(RunCreate(agent_id="shipper", input="ship"))
+        await asyncio.wait_for(shipped.wait(), 30)
+        await host.engine.cancel(run.run_id, "stop", compensate=True, wait_s=0)
+        final = await settled_through(host, blip, run.run_id)
+        events = await host.store.list_events(run.run_id)
+
+    assert final.outcome is not None and final.outcome.code == "RUN_CANCELLED", final.outcome
+    assert len(undone) == 2 and len(set(undone)) == 1  # the same compensation, again
+    assert final.outcome.compensations == [undone[0]], final.outcome
+    assert not [e for e in events if e.data.get("code") == "COMPENSATION_FAILED"], events
