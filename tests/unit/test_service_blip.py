@@ -54,15 +54,19 @@ def writer(ran: list[str], blip: Blip, uses: str) -> ToolSpec:
     return ToolSpec("ship", "1", "Write a report.", NoArgs, write)
 
 
-async def settled(blip: Blip, uses: str, data_dir: Path) -> tuple[State, list[str], str]:
-    ran: list[str] = []
-    settings = Settings(
+def blip_settings(blip: Blip, data_dir: Path) -> Settings:
+    return Settings(
         data_dir=data_dir,
         database_url=blip.url,
         default_agent="shipper",
         drive_retry_seconds=0.1,
         lease_seconds=2.0,  # a drive failed in the blip may not release its lease
     )
+
+
+async def settled(blip: Blip, uses: str, data_dir: Path) -> tuple[State, list[str], str]:
+    ran: list[str] = []
+    settings = blip_settings(blip, data_dir)
     async with open_host(settings, shipper_of(ToolRegistry([writer(ran, blip, uses)]))) as host:
         run, _ = await host.engine.create_run(RunCreate(agent_id="shipper", input="write"))
         final = await settled_through(host, blip, run.run_id)
@@ -172,13 +176,7 @@ async def test_a_compensation_that_meets_a_blip_is_run_again_not_failed(
         ]
     )
     graph = build_run_graph(ScriptPlanner(script), tools, DefaultPolicy())
-    settings = Settings(
-        data_dir=data_dir,
-        database_url=blip.url,
-        default_agent="shipper",
-        drive_retry_seconds=0.1,
-        lease_seconds=2.0,  # a drive failed in the blip may not release its lease
-    )
+    settings = blip_settings(blip, data_dir)
     agents = {"shipper": AgentSpec("shipper", "ships", graph, tools)}
     async with open_host(settings, agents) as host:
         run, _ = await host.engine.create_run(RunCreate(agent_id="shipper", input="ship"))
