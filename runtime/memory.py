@@ -17,6 +17,7 @@ from typing import Any
 from langgraph.store.base import BaseStore, PutOp
 
 from runtime.dberrors import ServiceStore
+from runtime.storable import reject_unstorable
 
 ROOT = "memory"
 LEAF = "="
@@ -36,6 +37,11 @@ memory is written only within what the API can name, so that its user can see ea
 and have it erased on its own (``DELETE /memory/{key}``)."""
 MAX_LABEL = 200
 MAX_DEPTH = 8
+MAX_ADDRESS_BYTES = 2650
+"""UTF-8 bytes of an item's namespace and key together: PostgreSQL's store indexes them
+as one B-tree entry, refused beyond 2,704 bytes (less when they compress), so without
+this bound a long key of varied characters was kept on SQLite and refused on
+PostgreSQL with the database's message."""
 DOT_SEGMENTS = frozenset({".", ".."})
 """Not a part of a key between slashes: URL clients remove such segments before they
 send (RFC 3986 §5.2.4), so ``DELETE /memory/.`` would go out as ``DELETE /memory``,
@@ -83,7 +89,15 @@ class Memory:
                 f"a memory's sub-namespace has at most {MAX_DEPTH} labels"
                 f" of 1 to {MAX_LABEL} characters"
             )
-        await self._store.aput(self._namespace(sub), key, value, index=False)
+        # What either store would refuse (a NUL, half an emoji, NaN), refused on both.
+        reject_unstorable([key, *sub, value])
+        namespace = self._namespace(sub)
+        if len(".".join(namespace).encode()) + len(key.encode()) > MAX_ADDRESS_BYTES:
+            raise ValueError(
+                f"a memory's key and sub-namespace take at most {MAX_ADDRESS_BYTES} bytes"
+                " of UTF-8 with its owner's ids"
+            )
+        await self._store.aput(namespace, key, value, index=False)
 
     async def delete(self, key: str, *sub: str) -> None:
         await self._store.adelete(self._namespace(sub), key)

@@ -13,7 +13,7 @@ from langgraph.store.memory import InMemoryStore
 from runtime.backend import open_backend
 from runtime.ids import content_hash
 from runtime.lifecycle import State
-from runtime.memory import Memory
+from runtime.memory import MAX_ADDRESS_BYTES, Memory
 from runtime.model import RunContext, RunCreate
 from tests.api.conftest import Api
 from tests.api.helpers import problem
@@ -288,3 +288,36 @@ async def test_a_dot_key_an_older_version_wrote_is_erased_on_its_own(api: Api) -
 
     assert (await api.client.delete("/memory/%2E")).status_code == 204
     assert await mine.items() == {"keep": {"v": 1}}
+
+
+def varied(n: int, start: int) -> str:
+    """``n`` characters that do not repeat: PostgreSQL cannot compress them under its
+    index limit."""
+    return "".join(chr(start + i * 7919 % 0x300) for i in range(n))
+
+
+async def test_what_one_store_keeps_the_other_keeps_too(backend: Any) -> None:
+    """Memory.put refuses up front what PostgreSQL would (a NUL, NaN, an index entry
+    too large), so an agent's write fails with the same message on both stores."""
+    mine = Memory(backend.memory, "t" * 64, "u" * 64)
+    # As long as it may be: 4-byte characters filling the address to its bound.
+    longest = varied(1000, 0x1F300)
+    fits = MAX_ADDRESS_BYTES - len(".".join(mine._namespace(("s" * 100,))).encode())
+    await mine.put(longest[: fits // 4], {"v": 1}, "s" * 100)
+    await mine.put(varied(fits // 3, 0x4E00) + "a" * (fits % 3), {"v": 1}, "s" * 100)
+    assert len(await mine.items("s" * 100)) == 2
+
+    refused: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
+        (longest, {"v": 1}, ()),
+        (longest[: fits // 4] + "a" * (fits % 4 + 1), {"v": 1}, ("s" * 100,)),
+        ("k\x00", {"v": 1}, ()),
+        ("k", {"v": "\x00"}, ()),
+        ("k", {"\x00": 1}, ()),
+        ("k", {"v": float("nan")}, ()),
+        ("k", {"v": 2**64}, ()),
+        ("k\ud800", {"v": 1}, ()),
+    ]
+    for key, value, sub in refused:
+        with pytest.raises(ValueError):
+            await mine.put(key, value, *sub)
+    assert len(await mine.items("s" * 100)) == 2 and await mine.items() == {}

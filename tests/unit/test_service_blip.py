@@ -13,6 +13,7 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+import psycopg
 import pytest
 from pydantic import BaseModel
 
@@ -114,16 +115,15 @@ async def test_a_tools_own_database_failing_is_the_tools_failure(
 async def test_a_write_our_store_refuses_is_the_tools_failure(
     database_url: str, data_dir: Path
 ) -> None:
-    """Not every error of our database is it being away: a key too large for its index
-    (1,000 varied characters of 4 bytes each) fails the same way every time. The call fails
-    once, as the tool's, rather than being handed back until the run gives up."""
+    """Not every error of our database is it being away: a write it refuses (here a
+    constraint of its own on the memory table) fails the same way every time. The call
+    fails once, as the tool's, rather than being handed back until the run gives up."""
     ran: list[str] = []
 
     async def remember(args: NoArgs, ctx: ToolContext) -> dict[str, object]:
         ran.append(ctx.tool_call_id)
         assert ctx.memory is not None
-        # Varied, or PostgreSQL compresses the index entry under its limit.
-        await ctx.memory.put("".join(chr(0x1F300 + i * 7919 % 0x300) for i in range(1000)), {})
+        await ctx.memory.put("refused", {})
         return {}
 
     tools = ToolRegistry([ToolSpec("ship", "1", "Remember.", NoArgs, remember)])
@@ -134,13 +134,15 @@ async def test_a_write_our_store_refuses_is_the_tools_failure(
         drive_retry_seconds=0.1,
     )
     async with open_host(settings, shipper_of(tools)) as host:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as db:
+            await db.execute("ALTER TABLE store ADD CONSTRAINT keeps CHECK (key <> 'refused')")
         run, _ = await host.engine.create_run(RunCreate(agent_id="shipper", input="remember"))
         final = await host.engine.wait_settled(run.run_id, within_s=60)
         [row] = await host.store.list_tool_calls(run.run_id)
 
     assert final.state is State.FAILED and len(ran) == 1, (final, ran)
     assert row.error is not None and row.error["code"] == "TOOL_FAILED", row
-    assert "index row size" in row.error["message"]
+    assert "keeps" in row.error["message"]
 
 
 async def test_a_compensation_that_meets_a_blip_is_run_again_not_failed(
