@@ -43,6 +43,7 @@ from runtime.retry import (
     after_broken_drive,
     after_failed_drive,
     fail_crash_loop,
+    release_when_back,
 )
 from runtime.store.base import DriveStart, LeaseLost, RunStore
 
@@ -55,12 +56,13 @@ def default_owner() -> str:
 
 def _collected(task: asyncio.Future[None]) -> None:
     """Retrieve the end of work shielded from a drive that went on (see
-    ``Engine._until_lease_lost``): a lease lost is expected there, anything else logged."""
+    ``Engine._until_lease_lost``), or left by one (a release tried again): a lease lost
+    is expected there, anything else logged."""
     if task.cancelled():
         return
     exc = task.exception()
     if exc is not None and not isinstance(exc, LeaseLost):
-        log.warning("work shielded from a stopped drive failed: %r", exc)
+        log.warning("work a drive left running failed: %r", exc)
 
 
 class Engine(GraphDriving):
@@ -112,6 +114,8 @@ class Engine(GraphDriving):
         """Runs another process asked a worker for while we drove them."""
         self._unwinding: dict[str, set[asyncio.Task[None]]] = {}
         """Earlier drives of a run driven again, not ended yet: the new drive waits."""
+        self._releasing: set[asyncio.Task[None]] = set()
+        """Releases tried again until the database is back (retry.release_when_back)."""
 
     def wake(self) -> None:
         self.work.set()
@@ -437,7 +441,8 @@ class Engine(GraphDriving):
         active_s: float | None = None,
         backoff_cancel: bool = False,
     ) -> None:
-        with contextlib.suppress(*TRANSIENT_DB_ERRORS):
+
+        async def release() -> None:
             pending = await self.store.release_lease(
                 run_id,
                 self.owner,
@@ -456,6 +461,16 @@ class Engine(GraphDriving):
                 # one, most likely) claims it again. Its NOTIFY came while we held it.
                 self.wake()
 
+        try:
+            await release()
+        except TRANSIENT_DB_ERRORS:
+            task = asyncio.create_task(
+                release_when_back(release, self.lease_s), name=f"release:{run_id}"
+            )
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+            task.add_done_callback(_collected)
+
     async def shutdown(self, grace_s: float = 0.0) -> None:
         """Let drives finish for ``grace_s``, then hand the rest back from their checkpoints."""
         tasks = [d.task for d in self.drives.values()]
@@ -467,6 +482,11 @@ class Engine(GraphDriving):
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        # Those the database kept from their release: their leases lapse instead.
+        for task in list(self._releasing):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
 
 

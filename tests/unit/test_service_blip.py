@@ -61,7 +61,9 @@ def blip_settings(blip: Blip, data_dir: Path) -> Settings:
         database_url=blip.url,
         default_agent="shipper",
         drive_retry_seconds=0.1,
-        lease_seconds=2.0,  # a drive failed in the blip may not release its lease
+        # Not waited out: a drive that failed in the blip gives its run back once the
+        # database is back, though its first release met the blip too.
+        lease_seconds=600.0,
     )
 
 
