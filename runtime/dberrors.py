@@ -22,11 +22,14 @@ class ServiceUnavailable(Exception):
 
 TRANSIENT_DB_ERRORS = (
     psycopg.OperationalError,
+    psycopg.errors.ReadOnlySqlTransaction,
     sqlite3.OperationalError,
     OSError,
     ServiceUnavailable,
 )
-"""What a database that is away, or refusing writes for now, raises."""
+"""What a database that is away, or refusing writes for now, raises: a failover's
+promoted standby refuses them as a read-only transaction (an ``InternalError`` to
+psycopg), which failed a drive's run INTERNAL_ERROR and ended the heartbeat."""
 DATABASE_ERRORS = (psycopg.Error, sqlite3.Error, OSError, ServiceUnavailable)
 """Whatever a database or its driver raises: a failure to record that may be the
 connection's (a failover's read-only transaction, a broken pooled connection), not the
