@@ -19,6 +19,8 @@ from runtime.engine import Engine
 
 log = logging.getLogger(__name__)
 
+HEARTBEAT = "worker:heartbeat"
+
 
 class Worker:
     def __init__(
@@ -34,21 +36,24 @@ class Worker:
         self.engine.renews_leases = True
         self._tasks = [
             asyncio.create_task(self._claim_loop(), name="worker:claim"),
-            asyncio.create_task(self._heartbeat_loop(), name="worker:heartbeat"),
+            asyncio.create_task(self._heartbeat_loop(), name=HEARTBEAT),
             asyncio.create_task(self._unfreeze_loop(), name="worker:unfreeze"),
         ]
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop claiming, let current drives finish for ``grace_s``, release the rest."""
         self._stopping.set()
-        self.engine.renews_leases = False  # the heartbeat stops here: take no more leases
+        self.engine.renews_leases = False  # take no more leases (a cancel's, say)
         self.engine.wake()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.engine.shutdown(grace_s)
+        # The heartbeat goes on through the grace: a grace longer than what was left of
+        # a lease let another worker take over a run whose drive was still finishing.
+        heartbeat = [t for t in self._tasks if t.get_name() == HEARTBEAT]
+        others = [t for t in self._tasks if t not in heartbeat]
+        await _cancelled(others)
+        try:
+            await self.engine.shutdown(grace_s)
+        finally:
+            await _cancelled(heartbeat)
 
     async def _claim_loop(self) -> None:
         engine = self.engine
@@ -133,9 +138,10 @@ class Worker:
             raise
 
     async def _heartbeat_loop(self) -> None:
+        """Until cancelled: it outlives the stop of claims (see :meth:`stop`)."""
         engine = self.engine
         interval = engine.lease_s / 3
-        while not self._stopping.is_set():
+        while True:
             await asyncio.sleep(interval)
             leases = [
                 (run_id, d.version, None if d.active_s is None else d.active_s())
@@ -148,6 +154,9 @@ class Worker:
                 held = await engine.store.renew_leases(engine.owner, leases, engine.lease_s)
             except TRANSIENT_DB_ERRORS:
                 log.warning("cannot renew leases: database unreachable")
+                continue
+            except Exception:  # a heartbeat that stops in silence: every lease lapses
+                log.exception("renewing leases failed")
                 continue
             for run_id, version, _ in leases:
                 drive = engine.drives.get(run_id)
@@ -187,3 +196,11 @@ class Worker:
                     row["held_s"],
                 )
                 engine.metrics.inc("frozen_sessions_ended_total")
+
+
+async def _cancelled(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

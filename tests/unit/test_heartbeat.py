@@ -14,6 +14,7 @@ from runtime.commands import Drive
 from runtime.worker import Worker
 from server.host import open_host
 from server.settings import Settings
+from tests.unit.conftest import build_run
 
 
 @pytest.mark.parametrize("replaced", [True, False])
@@ -53,3 +54,29 @@ async def test_a_failed_renewal_stops_only_the_drive_it_was_for(
             for drive in (first, second):
                 drive.task.cancel()
             await worker.stop(grace_s=0)
+
+
+async def test_leases_are_renewed_through_the_shutdown_grace(
+    database_url: str, data_dir: Path
+) -> None:
+    """A grace longer than what is left of a lease (the settings allow a lease of 10 s
+    and the default grace of 10 s): the drive still finishing keeps its run, which no
+    other worker may take over meanwhile."""
+    settings = Settings(data_dir=data_dir, database_url=database_url, lease_seconds=1.5)
+    async with open_host(settings, run_worker=False) as host:
+        engine, store = host.engine, host.engine.store
+        run, _ = await store.create_run(build_run(), "h")
+        version = await store.take_lease(run.run_id, engine.owner, engine.lease_s)
+        assert version is not None
+        finishing = Drive(asyncio.create_task(asyncio.sleep(3.0)), version)  # a slow tool
+        engine.drives[run.run_id] = finishing
+        worker = Worker(engine)
+        worker.start()
+        stopping = asyncio.create_task(worker.stop(grace_s=5.0))  # SIGTERM
+        try:
+            await asyncio.sleep(2.5)  # past the lease, within the grace
+            assert not finishing.task.done()
+            assert await store.take_lease(run.run_id, "another-worker", 30.0) is None
+        finally:
+            engine.drives.pop(run.run_id, None)
+            await stopping
