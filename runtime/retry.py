@@ -49,7 +49,9 @@ class DriveRetry:
 
     def delay(self, failures: int) -> float:
         """The wait before driving the run again after its ``failures``-th failed drive."""
-        return float(min(self.base_s * 2 ** (failures - 1), self.max_s))
+        # (The exponent bounded: a cancel's drive is never given up on, and a float
+        # overflows past 2**1023, which failed a drive a day's outage in.)
+        return float(min(self.base_s * 2.0 ** min(failures - 1, 64), self.max_s))
 
 
 RELEASE_RETRY_MAX_S = 2.0

@@ -20,6 +20,7 @@ import pytest
 from runtime.errors import Code
 from runtime.lifecycle import State
 from runtime.model import RunCreate
+from runtime.retry import DriveRetry
 from server.host import Host, open_host
 from server.settings import Settings
 from tests.agents import counter_lines
@@ -119,3 +120,12 @@ async def test_a_database_blip_is_retried_and_the_run_goes_on(
     # The count starts again after a drive that did not fail: a later blip gets the
     # whole allowance.
     assert drive_failures(pg_schema_url, run.run_id) == 0
+
+
+def test_the_wait_between_drives_stays_bounded_however_long_the_outage() -> None:
+    """A cancel's drive is never given up on: its count of failures grows with the
+    outage (one a minute), and a wait computed past 2**1023 overflowed, failing the
+    drive without its release."""
+    retry = DriveRetry()
+    waits = [retry.delay(failures) for failures in (1, 2, 7, 8, 1025, 10**6)]
+    assert waits == [1.0, 2.0, 60.0, 60.0, 60.0, 60.0]
