@@ -344,6 +344,7 @@ async def _execute(
                     "its outcome was recorded (its process stopped, or the database failed)",
                 },
             )
+    had_trial = breaker.trial_in_flight
     if not breaker.allow():
         # Fail fast: the tool has been unavailable; the handler is not touched.
         return await _finish(
@@ -361,8 +362,18 @@ async def _execute(
     again = None
     if current.attempts > 0 and not rerun:
         again = {**action, "rerun": True, "attempt": current.attempts + 1}
-    claimed = await store.claim_tool_call(current.tool_call_id, current.attempts, again)
+    # The half-open circuit's one trial, if this call is it: one that never reaches the
+    # handler must let the next call be the trial, or the circuit stays shut for good.
+    trial = breaker.trial_in_flight and not had_trial
+    try:
+        claimed = await store.claim_tool_call(current.tool_call_id, current.attempts, again)
+    except BaseException:
+        if trial:
+            breaker.trial_in_flight = False
+        raise
     if claimed is None:
+        if trial:
+            breaker.trial_in_flight = False
         return await _await_other_driver(store, current, spec)
     return await _run_claimed(store, spec, claimed, args, tctx, breaker, recording)
 
@@ -380,8 +391,8 @@ async def _run_claimed(
     # On cancellation (user cancel, timeout, shutdown) the row stays `running` with its
     # attempt counted: a restart applies the rules above; a run that ends instead
     # closes it with interrupt_running_calls.
-    failpoints.hit("tool.before", spec.name)
     try:
+        failpoints.hit("tool.before", spec.name)
         status, output, error, attempts = await _run_handler(spec, args, tctx)
     except BaseException:
         breaker.trial_in_flight = False  # cancelled: says nothing about the tool

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from pydantic import BaseModel
 
 from runtime import ids
 from runtime.adapter import side_effects
+from runtime.breaker import BREAKERS
 from runtime.events import EventType
 from runtime.ledger import (
     INLINE_OUTPUT_BYTES,
@@ -415,3 +417,31 @@ async def test_a_call_given_up_on_that_reconcile_cannot_settle_is_unknown_not_ru
     assert first.error is not None and first.error["code"] == "TOOL_OUTCOME_UNKNOWN"
     assert remote.sent == 1 and len(remote.landed) == 1
     assert await side_effects(h.store, h.run_id) == ([first.tool_call_id], [])
+
+
+async def test_a_trial_that_never_reaches_the_tool_lets_the_next_call_try(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The half-open circuit's one trial call met our database failing as it claimed its
+    attempt: the handler never ran, and the circuit stayed shut for good (every call of
+    the tool in the process "circuit open", however long after)."""
+    spec = h.spec()
+    breaker = BREAKERS.for_tool(spec.ref)
+    breaker.failures = breaker.threshold
+    breaker.opened_at = breaker.clock() - breaker.cooldown_s  # the cooldown is over
+    claim = h.store.claim_tool_call
+    blips = [sqlite3.OperationalError("database is locked")]
+
+    async def claim_in_a_blip(*args: Any) -> ToolCall | None:
+        if blips:
+            raise blips.pop()
+        return await claim(*args)
+
+    monkeypatch.setattr(h.store, "claim_tool_call", claim_in_a_blip)
+    with pytest.raises(sqlite3.OperationalError):
+        await h.execute(spec)  # the drive fails; the next one runs the call again
+    assert h.ran == [] and breaker.state == "half_open"
+
+    done = await h.execute(spec)
+    assert done.status == "succeeded" and len(h.ran) == 1, done
+    assert breaker.state == "closed"
