@@ -2,14 +2,19 @@
 refused by uvicorn's parser before any app code runs, with a plain-text 400. This
 protocol gives them the problem+json every other error has, and refuses a request
 head (request line and headers) larger than :data:`MAX_HEAD_BYTES`, which httptools
-would otherwise buffer whole, however large, for a caller not yet authenticated."""
+would otherwise buffer whole, however large, for a caller not yet authenticated.
+
+It also tells every request of a connection that the connection is gone, not only the
+newest (uvicorn's): a request pipelined behind an event stream left the stream never
+knowing its client had hung up, its slot held until the run ended, days for a parked
+one; ten such connections shut the caller out of streams and waits."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from runtime.errors import Code
 from server.api.problems import problem_body
@@ -31,6 +36,8 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
     """Body bytes the parser delivered from the read being parsed."""
     _in_head = False
     _too_large = False
+    _cycles: tuple[RequestResponseCycle, ...] = ()
+    """The connection's requests not answered yet: the one running, those queued."""
 
     def data_received(self, data: bytes) -> None:
         self._body_in_read = 0
@@ -59,6 +66,17 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         super().on_headers_complete()
+        unanswered = tuple(c for c in self._cycles if not c.response_complete)
+        if self.cycle is not None and self.cycle not in unanswered:
+            unanswered += (self.cycle,)
+        self._cycles = unanswered
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for cycle in self._cycles:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+            cycle.message_event.set()
+        super().connection_lost(exc)
 
     def on_body(self, body: bytes) -> None:
         self._body_in_read += len(body)

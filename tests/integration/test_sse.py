@@ -164,3 +164,33 @@ def test_head_of_a_live_stream_answers_at_once_and_holds_no_slot(server: ServerP
             time.sleep(0.05)
         assert stream.status_code == 200
         assert http.post(f"/runs/{run_id}/cancel").status_code in (200, 202)
+
+
+def test_a_stream_with_a_request_pipelined_behind_it_gives_its_slot_back(
+    server: ServerProcess,
+) -> None:
+    """The client sends a second request before the stream's response ends, then hangs
+    up: the stream learns it is gone (uvicorn told only the newest request), and its
+    slot is free again."""
+    server.env["AGENT_RUNTIME_MAX_STREAMS_PER_PRINCIPAL"] = "1"
+    server.start()
+    with server.client() as http:
+        run_id = create_run(http, agent_id="slow_worker", input="sleep 30")
+        request = (
+            f"GET /runs/{run_id}/events HTTP/1.1\r\nHost: test\r\n"
+            f"Authorization: {OPS['Authorization']}\r\n\r\n"
+        ).encode()
+        piped = socket.create_connection(("127.0.0.1", server.port))
+        piped.settimeout(5.0)
+        piped.sendall(request + request)
+        assert piped.recv(100).startswith(b"HTTP/1.1 200"), "the stream is open"
+        held = http.get(f"/runs/{run_id}/events")
+        assert held.status_code == 429 and held.json()["code"] == "TOO_MANY_STREAMS"
+        piped.close()
+        for _ in range(40):
+            with http.stream("GET", f"/runs/{run_id}/events") as again:
+                if again.status_code == 200:
+                    break
+            time.sleep(0.05)
+        assert again.status_code == 200
+        http.post(f"/runs/{run_id}/cancel")
