@@ -33,6 +33,7 @@ async def test_head_of_a_stream_that_would_not_end_ends_and_frees_its_slot(api: 
         head = await api.client.head(f"/runs/{run_id}/events")
     assert head.status_code == 200 and head.content == b""
     assert head.headers["content-type"].startswith("text/event-stream")
+    assert head.headers["vary"] == "Accept"  # the same URL is also a JSON page
     assert not api.engine_services.streams.open  # nobody is left holding a slot
 
 

@@ -77,6 +77,7 @@ async def test_the_event_log_pages_by_seq(api: Api) -> None:
     assert next_url(spoofed) == f"/runs/{run_id}/events?limit=3&after=3"
     after = await api.client.get(f"/runs/{run_id}/events?after=5&limit=2", headers=JSON)
     assert [e["seq"] for e in after.json()] == [6, 7]
+    assert after.headers["vary"] == "Accept"  # the same URL also streams
     problem(
         await api.client.get(f"/runs/{run_id}/events?limit=0", headers=JSON),
         422,

@@ -226,6 +226,11 @@ async def get_run(
     return await settled_in_slot(services, principal, request, run, wait_s)
 
 
+ACCEPT = {"Vary": "Accept"}
+"""The events are a stream or a JSON page by ``Accept``: a cache must not answer one
+for the other (RFC 9110 §12.5.5)."""
+
+
 @router.get(
     "/runs/{run_id}/events",
     response_model=list[ShownEvent],
@@ -259,7 +264,7 @@ async def run_events(
     accept = ", ".join(request.headers.getlist("accept"))  # lines of one field, one list
     if prefers(accept, "application/json", "text/event-stream"):
         events = await services.store.shown_events(run.run_id, start, limit=limit + 1)
-        page = JSONResponse([e.model_dump(mode="json") for e in events[:limit]])
+        page = JSONResponse([e.model_dump(mode="json") for e in events[:limit]], headers=ACCEPT)
         if len(events) > limit:
             page.headers["Link"] = next_link(request, after=events[limit - 1].seq)
         return page
@@ -278,7 +283,7 @@ async def run_events(
     return StreamingResponse(
         services.streams.hold(stream, release),
         media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **ACCEPT},
     )
 
 
