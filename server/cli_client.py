@@ -289,7 +289,7 @@ def client_command(args: argparse.Namespace) -> int:
     except httpx.InvalidURL as exc:
         print(f"agent-runtime: --url is not a usable URL: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except UnicodeEncodeError as exc:  # a header holds ASCII only
+    except (UnicodeEncodeError, httpx.LocalProtocolError) as exc:  # one line of ASCII
         print(f"agent-runtime: the token cannot be sent: {exc}", file=sys.stderr)
         return EXIT_ERROR
     try:
@@ -301,6 +301,9 @@ def client_command(args: argparse.Namespace) -> int:
         else:
             status = f" (HTTP {exc.status})" if exc.status else ""
             cli.printer.note(f"agent-runtime: error {exc.code}{status}: {exc.detail}")
+        return EXIT_ERROR
+    except httpx.UnsupportedProtocol as exc:
+        cli.printer.note(f"agent-runtime: --url is not a usable URL: {exc}")
         return EXIT_ERROR
     except (UnicodeEncodeError, httpx.LocalProtocolError) as exc:
         # An argument, or the token, that no request can carry: text that is not valid

@@ -29,6 +29,9 @@ RECONNECT_WINDOW_S = 60.0
 #: The server sends a keepalive comment every 15 s by default; silence longer than
 #: this means the connection is dead even if no error surfaced.
 STREAM_READ_TIMEOUT_S = 45.0
+NOT_SENDABLE = (httpx.LocalProtocolError, httpx.UnsupportedProtocol)
+"""What httpx raises for a request it cannot send anywhere (a header that is not one line
+of ASCII, a URL that is not http or https): the caller's mistake, not the server away."""
 
 
 class ApiError(Exception):
@@ -119,6 +122,10 @@ class Client:
         self.base_url = base_url.rstrip("/")
         headers = {"Accept": "application/json", "User-Agent": "agent-runtime-cli"}
         if token:
+            if not all(" " <= c <= "~" for c in token):
+                # Refused here, not when sent: a line break reached no further than a
+                # refused connection, which said "server unreachable".
+                raise httpx.LocalProtocolError("a token is one line of printable ASCII")
             headers["Authorization"] = f"Bearer {token}"
         self.http = httpx.Client(
             base_url=self.base_url,
@@ -141,6 +148,8 @@ class Client:
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             resp = self.http.request(method, path, **kwargs)
+        except NOT_SENDABLE:
+            raise
         except httpx.TransportError as exc:
             raise ApiError.unreachable(self.base_url + path, exc) from exc
         if resp.status_code >= 400:
@@ -246,9 +255,12 @@ class Client:
                     if resp.status_code >= 400:
                         resp.read()
                         error = ApiError.from_response(resp)
-                        if resp.status_code < 500:
+                        if resp.status_code < 500 and resp.status_code != 429:
                             raise error
-                        raise _Retry(str(error))
+                        # (429: the caller's streams are all open for now. A follow
+                        # that stopped here would have the action it follows, already
+                        # done, tried again by a script reading the exit code.)
+                        raise _Retry(str(error), _retry_after(resp))
                     parser = SseParser()
                     got_any = False
                     for event in parser.feed(resp.iter_lines()):
@@ -269,6 +281,9 @@ class Client:
                 why = "stream ended"
             except _Retry as exc:
                 why = str(exc)
+                delay_s = max(delay_s, exc.after_s)
+            except NOT_SENDABLE:
+                raise
             except httpx.TransportError as exc:
                 why = f"{exc.__class__.__name__}: {exc}".rstrip(": ")
             except ApiError as exc:
@@ -288,4 +303,15 @@ class Client:
 
 
 class _Retry(Exception):
-    """A 5xx answer on the stream: worth another try."""
+    """A 5xx or 429 answer on the stream: worth another try, ``after_s`` from now at
+    the soonest."""
+
+    def __init__(self, why: str, after_s: float) -> None:
+        super().__init__(why)
+        self.after_s = after_s
+
+
+def _retry_after(resp: httpx.Response) -> float:
+    """The answer's ``Retry-After`` in seconds (a date is not used), within reason."""
+    text = resp.headers.get("retry-after", "")
+    return float(min(int(text), 30)) if text.isdigit() else 0.0

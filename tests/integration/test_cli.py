@@ -221,6 +221,45 @@ def test_follow_reconnects_across_a_server_restart(server: ServerProcess) -> Non
     assert "reconnecting after event" in err
 
 
+def test_a_follow_whose_stream_is_refused_for_now_waits_for_a_slot(
+    server: ServerProcess,
+) -> None:
+    """429 TOO_MANY_STREAMS after the run is created: the follow waits the answer's
+    Retry-After and goes on. It exited 2 with the run created, and a script retrying on
+    that exit code created a second run."""
+    server.env["AGENT_RUNTIME_MAX_STREAMS_PER_PRINCIPAL"] = "1"
+    start(server)
+    made = cli(server, "keys", "create", "--tenant", "t", "--user", "u", "--json")
+    token = json.loads(made.stdout)["token"]
+    as_key = {"Authorization": f"Bearer {token}"}
+    with server.client(as_key) as http:
+        parked = http.post("/runs", json={"agent_id": "slow_worker", "input": "sleep 30"})
+        url = f"{server.base_url}/runs/{parked.json()['run_id']}/events"
+        with httpx.stream("GET", url, headers=as_key, timeout=30) as held:
+            assert held.status_code == 200  # the caller's one slot
+            proc = subprocess.Popen(
+                [*CLI, "--token", token, "run", "x", "--agent=typo_fixer", "--follow", "--json"],
+                cwd=ROOT,
+                env=cli_env(server),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            time.sleep(2.0)  # the CLI has created its run, and been refused its stream
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        http.post(f"/runs/{parked.json()['run_id']}/cancel")
+    assert proc.returncode == 0, err
+    assert "TOO_MANY_STREAMS" in err, err
+    events = json_lines(out)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[-1]["data"]["to"] == "succeeded"
+    listed = json.loads(cli(server, "--token", token, "runs", "--json").stdout)
+    assert len(listed["items"]) == 2, listed  # the parked one, and the CLI's one
+
+
 def test_keys_create_list_revoke(server: ServerProcess) -> None:
     start(server)
     assert cli(server, "run", "x", "--agent", "typo_fixer").returncode == 0

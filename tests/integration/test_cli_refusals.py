@@ -78,18 +78,20 @@ def test_unreadable_settings_are_refused_in_one_line(
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "says"),
     [
-        ("--url", "http://[::1", "runs"),
-        ("--token", "café", "runs"),  # a header is ASCII
-        ("run", b"\xff"),  # bytes that are not UTF-8 in argv
-        ("show", b"run-\xff"),
+        (("--url", "http://[::1", "runs"), "not a usable URL"),
+        (("--url", "htp:/x", "runs"), "not a usable URL"),  # not "server unreachable"
+        (("--token", "café", "runs"), "cannot be sent"),  # a header is ASCII
+        (("--token", "abc\ndef", "runs"), "cannot be sent"),  # and one line
+        (("run", b"\xff"), "cannot be sent"),  # bytes that are not UTF-8 in argv
+        (("show", b"run-\xff"), "cannot be sent"),
     ],
 )
 def test_arguments_no_request_can_carry_are_refused_in_one_line(
-    tmp_path: Path, args: tuple[str | bytes, ...]
+    tmp_path: Path, args: tuple[str | bytes, ...], says: str
 ) -> None:
-    assert_one_line_refusal(agent_runtime(tmp_path, *args))
+    assert_one_line_refusal(agent_runtime(tmp_path, *args), says)
 
 
 def test_a_local_keys_file_that_is_not_ours_is_as_if_there_were_none(tmp_path: Path) -> None:
