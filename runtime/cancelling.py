@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,6 +24,7 @@ from runtime.ledger import StoreArtifacts, scrub, secret_values, settle_cut_off
 from runtime.lifecycle import TERMINAL
 from runtime.memory import Memory
 from runtime.model import Run, ToolCall, Usage
+from runtime.recording import WITHOUT_LEASE_S, with_retries
 from runtime.store.base import RunStore
 from runtime.tooling import ToolContext, ToolResolver
 
@@ -187,6 +190,10 @@ async def compensate_effects(store: RunStore, setting: CallSetting, run: Run) ->
             continue
         if not await store.claim_compensation(row.tool_call_id):
             continue
+        if row.tool_call_id in _RAN_UNRECORDED:  # ran here already: only say so
+            await _record_compensated(store, row.tool_call_id)
+            done.append(row.tool_call_id)
+            continue
         tctx = setting.context(store, run, row)
         try:
             await asyncio.wait_for(
@@ -223,8 +230,33 @@ async def compensate_effects(store: RunStore, setting: CallSetting, run: Run) ->
                 dedupe_key=f"compensation-failed:{row.tool_call_id}",
             )
             continue
-        # Shielded: done, it must say so, or a second pass of this drive would skip it
-        # (the claim is this lease's) and leave it off the outcome.
-        await asyncio.shield(store.release_compensation(row.tool_call_id, done=True))
+        await _record_compensated(store, row.tool_call_id)
         done.append(row.tool_call_id)
     return done
+
+
+RAN_UNRECORDED_MOST = 1024
+_RAN_UNRECORDED: OrderedDict[str, None] = OrderedDict()
+"""Compensations this process ran to their end and could not record as done: the next
+drive of the run here records them rather than run them a second time. (Another
+process's cannot know: it runs them again, under the call's idempotency key.)"""
+
+
+async def _record_compensated(store: RunStore, tool_call_id: str) -> None:
+    """Done, it must say so: the next drive's claim (a lease's own) would run it again,
+    and a second pass of this drive would skip it and leave it off the outcome. So the
+    write is shielded, tried again through a blip, and remembered if it still fails."""
+    try:
+        await asyncio.shield(
+            with_retries(
+                lambda: store.release_compensation(tool_call_id, done=True),
+                lambda: time.monotonic() + WITHOUT_LEASE_S,
+                f"the compensation of {tool_call_id}",
+            )
+        )
+    except BaseException:
+        _RAN_UNRECORDED[tool_call_id] = None
+        while len(_RAN_UNRECORDED) > RAN_UNRECORDED_MOST:
+            _RAN_UNRECORDED.popitem(last=False)
+        raise
+    _RAN_UNRECORDED.pop(tool_call_id, None)
