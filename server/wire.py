@@ -4,10 +4,13 @@ protocol gives them the problem+json every other error has, and refuses a reques
 head (request line and headers) larger than :data:`MAX_HEAD_BYTES`, which httptools
 would otherwise buffer whole, however large, for a caller not yet authenticated.
 
-It also tells every request of a connection that the connection is gone, not only the
-newest (uvicorn's): a request pipelined behind an event stream left the stream never
-knowing its client had hung up, its slot held until the run ended, days for a parked
-one; ten such connections shut the caller out of streams and waits."""
+It also sees a client hang up behind a request pipelined on its connection, and tells
+every request of the connection, not only the newest (uvicorn's): the stream the
+second request waited behind never learned its client had gone, its slot held until
+the run ended, days for a parked one; ten such connections shut the caller out of
+streams and waits. uvicorn stops reading while a request waits its turn; here the
+connection is still read (so its end is seen), what comes is held, and it is parsed
+once the waiting request's turn has come, in order."""
 
 from __future__ import annotations
 
@@ -38,8 +41,18 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
     _too_large = False
     _cycles: tuple[RequestResponseCycle, ...] = ()
     """The connection's requests not answered yet: the one running, those queued."""
+    _held = b""
+    """Read while a request waited behind another, not parsed yet (see the module)."""
 
     def data_received(self, data: bytes) -> None:
+        if self.pipeline or self._held:
+            self._held += data
+            if len(self._held) > MAX_HEAD_BYTES:
+                self.flow.pause_reading()  # as uvicorn does: a hang-up is seen at a write
+            return
+        self._parse(data)
+
+    def _parse(self, data: bytes) -> None:
         self._body_in_read = 0
         super().data_received(data)
         # A head still incomplete once the parser has seen the read: what the read held
@@ -70,6 +83,19 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
         if self.cycle is not None and self.cycle not in unanswered:
             unanswered += (self.cycle,)
         self._cycles = unanswered
+        if self.pipeline:  # this one waits its turn: uvicorn stopped reading
+            self.flow.resume_reading()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # the next waiting request's turn, if any
+        if self._held and not self.pipeline and not self.transport.is_closing():
+            # Not from within the response's last send, where uvicorn never parses.
+            self.loop.call_soon(self._parse_held)
+
+    def _parse_held(self) -> None:
+        data, self._held = self._held, b""
+        if data and not self.transport.is_closing():
+            self._parse(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         for cycle in self._cycles:

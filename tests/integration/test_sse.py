@@ -166,12 +166,13 @@ def test_head_of_a_live_stream_answers_at_once_and_holds_no_slot(server: ServerP
         assert http.post(f"/runs/{run_id}/cancel").status_code in (200, 202)
 
 
+@pytest.mark.parametrize("later", [False, True], ids=["in-one-write", "a-moment-later"])
 def test_a_stream_with_a_request_pipelined_behind_it_gives_its_slot_back(
-    server: ServerProcess,
+    server: ServerProcess, later: bool
 ) -> None:
     """The client sends a second request before the stream's response ends, then hangs
-    up: the stream learns it is gone (uvicorn told only the newest request), and its
-    slot is free again."""
+    up: the stream learns it is gone (uvicorn told only the newest request, and stopped
+    reading the connection while that one waited), and its slot is free again."""
     server.env["AGENT_RUNTIME_MAX_STREAMS_PER_PRINCIPAL"] = "1"
     server.start()
     with server.client() as http:
@@ -182,15 +183,42 @@ def test_a_stream_with_a_request_pipelined_behind_it_gives_its_slot_back(
         ).encode()
         piped = socket.create_connection(("127.0.0.1", server.port))
         piped.settimeout(5.0)
-        piped.sendall(request + request)
+        piped.sendall(request if later else request + request)
         assert piped.recv(100).startswith(b"HTTP/1.1 200"), "the stream is open"
+        if later:
+            time.sleep(0.5)  # the stream waits in its receive()
+            piped.sendall(request)
+            time.sleep(0.5)
         held = http.get(f"/runs/{run_id}/events")
         assert held.status_code == 429 and held.json()["code"] == "TOO_MANY_STREAMS"
         piped.close()
-        for _ in range(40):
+        for _ in range(40):  # not a keepalive (15 s) later, when a write would fail
             with http.stream("GET", f"/runs/{run_id}/events") as again:
                 if again.status_code == 200:
                     break
             time.sleep(0.05)
         assert again.status_code == 200
         http.post(f"/runs/{run_id}/cancel")
+
+
+OK = b'{"status":"ok"}'
+
+
+def test_pipelined_requests_are_answered_in_order_on_a_kept_connection(
+    server: ServerProcess,
+) -> None:
+    server.start()
+    get = f"GET /healthz HTTP/1.1\r\nHost: test\r\nAuthorization: {OPS['Authorization']}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port)) as conn:
+        conn.settimeout(10.0)
+        conn.sendall(get.encode() * 3)
+        got = b""
+        while got.count(OK) < 3:
+            got += conn.recv(65536)
+        assert got.count(b"HTTP/1.1 200") == 3 and got.endswith(OK), got
+        time.sleep(0.3)
+        conn.sendall(get.encode())  # kept alive: a later request on it is answered
+        again = b""
+        while not again.endswith(OK):
+            again += conn.recv(65536)
+        assert again.startswith(b"HTTP/1.1 200"), again
