@@ -116,6 +116,7 @@ class Engine(GraphDriving):
         """Earlier drives of a run driven again, not ended yet: the new drive waits."""
         self._releasing: set[asyncio.Task[None]] = set()
         """Releases tried again until the database is back (retry.release_when_back)."""
+        self._shutting_down = False
 
     def wake(self) -> None:
         self.work.set()
@@ -464,6 +465,8 @@ class Engine(GraphDriving):
         try:
             await release()
         except TRANSIENT_DB_ERRORS:
+            if self._shutting_down:  # its lease lapses: nothing may outlive the shutdown
+                return
             task = asyncio.create_task(
                 release_when_back(release, self.lease_s), name=f"release:{run_id}"
             )
@@ -473,6 +476,7 @@ class Engine(GraphDriving):
 
     async def shutdown(self, grace_s: float = 0.0) -> None:
         """Let drives finish for ``grace_s``, then hand the rest back from their checkpoints."""
+        self._shutting_down = True
         tasks = [d.task for d in self.drives.values()]
         tasks += [t for unwinding in self._unwinding.values() for t in unwinding]
         if tasks and grace_s > 0:

@@ -47,12 +47,18 @@ class Worker:
         self.engine.wake()
         # The heartbeat goes on through the grace: a grace longer than what was left of
         # a lease let another worker take over a run whose drive was still finishing.
+        # Not past the grace and a lease, though: a drive that will not stop (shielded
+        # work that hangs) must not keep its run from every other worker for ever.
         heartbeat = [t for t in self._tasks if t.get_name() == HEARTBEAT]
         others = [t for t in self._tasks if t not in heartbeat]
         await _cancelled(others)
+        loop = asyncio.get_running_loop()
+        cap = [loop.call_later(grace_s + self.engine.lease_s, t.cancel) for t in heartbeat]
         try:
             await self.engine.shutdown(grace_s)
         finally:
+            for timer in cap:
+                timer.cancel()
             await _cancelled(heartbeat)
 
     async def _claim_loop(self) -> None:

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -245,14 +246,27 @@ def test_a_follow_whose_stream_is_refused_for_now_waits_for_a_slot(
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            time.sleep(2.0)  # the CLI has created its run, and been refused its stream
+            assert proc.stderr is not None and proc.stdout is not None
+            err: list[str] = []
+            reading = threading.Thread(target=lambda: err.extend(proc.stderr or ()))
+            reading.start()
+            try:
+                for _ in range(600):  # until the CLI has been refused its stream
+                    if any("TOO_MANY_STREAMS" in line for line in err) or proc.poll() is not None:
+                        break
+                    time.sleep(0.05)
+            except BaseException:
+                proc.kill()
+                raise
         try:
-            out, err = proc.communicate(timeout=60)
+            proc.wait(timeout=60)
+            out = proc.stdout.read()
         finally:
             proc.kill()
+            reading.join()
         http.post(f"/runs/{parked.json()['run_id']}/cancel")
     assert proc.returncode == 0, err
-    assert "TOO_MANY_STREAMS" in err, err
+    assert any("TOO_MANY_STREAMS" in line for line in err), err
     events = json_lines(out)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert events[-1]["data"]["to"] == "succeeded"

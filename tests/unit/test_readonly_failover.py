@@ -10,8 +10,9 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -19,13 +20,15 @@ import pytest
 from pydantic import BaseModel
 
 from runtime.lifecycle import State
-from runtime.model import Run, RunCreate
+from runtime.model import RunCreate
 from runtime.tooling import ToolContext, ToolSpec
 from runtime.worker import HEARTBEAT
-from server.host import Host, open_host
+from server.host import open_host
 from server.settings import Settings
 from tests.unit.test_outcome_blip import shipper_of
 from tools.registry import ToolRegistry
+
+T = TypeVar("T")
 
 READ_ONLY_S = 2.0
 """Longer than the lease below: renewals and the outcome's write both meet it."""
@@ -54,8 +57,10 @@ class Failover:
         )
 
     def start(self) -> None:
+        """Returns once the database is read-only; it is writable again later."""
+        self.read_only(True)
+
         def failover() -> None:
-            self.read_only(True)
             time.sleep(READ_ONLY_S)
             self.read_only(False)
 
@@ -80,12 +85,12 @@ class NoArgs(BaseModel):
     pass
 
 
-async def settled(host: Host, run_id: str) -> Run:
-    """The run once settled (the test's own reads meet the failover's ended sessions)."""
+async def served(read: Callable[[], Awaitable[T]]) -> T:
+    """The test's own read, through the failover's ended sessions."""
     async with asyncio.timeout(60):
         while True:
             try:
-                return await host.engine.wait_settled(run_id, within_s=60)
+                return await read()
             except psycopg.OperationalError:
                 await asyncio.sleep(0.1)
 
@@ -112,9 +117,9 @@ async def test_a_run_whose_database_fails_over_goes_on(failover: Failover, data_
     )
     async with open_host(settings, shipper_of(tools)) as host:
         run, _ = await host.engine.create_run(RunCreate(agent_id="shipper", input="ship"))
-        final = await settled(host, run.run_id)
+        final = await served(lambda: host.engine.wait_settled(run.run_id, within_s=60))
         await asyncio.to_thread(failover.join)
-        [row] = await host.store.list_tool_calls(run.run_id)
+        [row] = await served(lambda: host.store.list_tool_calls(run.run_id))
         assert host.worker is not None
         [heartbeat] = [t for t in host.worker._tasks if t.get_name() == HEARTBEAT]
         assert not heartbeat.done(), heartbeat
