@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,14 +17,18 @@ from langgraph.store.postgres.aio import AsyncPostgresStore
 from langgraph.store.sqlite.aio import AsyncSqliteStore
 
 from runtime.checkpointer import PooledPostgresSaver
+from runtime.dberrors import DATABASE_ERRORS, unavailable
 from runtime.store.base import RunStore
 from runtime.store.postgres import (
     CHECKPOINTER_SETUP_LOCK,
     PostgresRunStore,
+    SessionPool,
     advisory_lock,
     open_pool,
 )
 from runtime.store.sqlite import SqliteRunStore, close_quietly
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_SERDE = JsonPlusSerializer(allowed_msgpack_modules=[("runtime.errors", "Code")])
 """LangGraph's serde, with the one type of ours that checkpoints hold: a failed outcome's
@@ -85,17 +91,43 @@ async def open_backend(url: str, pool_size: int = 10) -> Backend:
     if url.startswith(("postgresql://", "postgres://")):
         pool = await open_pool(url, max_size=pool_size)
         try:
-            pg_store = await PostgresRunStore.open(pool)
-            pg_saver = PooledPostgresSaver(pool, serde=CHECKPOINT_SERDE)  # type: ignore[arg-type]
-            pg_memory = AsyncPostgresStore(pool)  # type: ignore[arg-type]
-            async with advisory_lock(pool, CHECKPOINTER_SETUP_LOCK):
-                await pg_saver.setup()
-                await pg_memory.setup()
+            pg_store, pg_saver, pg_memory = await _set_up_through_a_failover(pool)
         except BaseException:  # a migration refused, say: the pool's connections too
             await pool.close()
             raise
         return Backend(pg_store, pg_saver, pg_memory, pg_store.close, pool.sessions)
     raise ValueError(f"unsupported database URL {url!r}: use sqlite:///… or postgresql://…")
+
+
+SET_UP_WITHIN_S = 30.0
+"""How long a process starting on PostgreSQL tries its schema set-up again while the
+database is away or refuses writes (a failover's promoted standby, read-only for a
+moment): the set-up writes even where the schema is current (``CREATE TABLE IF NOT
+EXISTS`` is refused in a read-only transaction), and a worker a supervisor restarted
+then crashed, again and again, for as long as the failover lasted."""
+
+
+async def _set_up_through_a_failover(
+    pool: SessionPool,
+) -> tuple[PostgresRunStore, PooledPostgresSaver, AsyncPostgresStore]:
+    loop = asyncio.get_running_loop()
+    until = loop.time() + SET_UP_WITHIN_S
+    delay = 0.1
+    while True:
+        try:
+            store = await PostgresRunStore.open(pool)
+            saver = PooledPostgresSaver(pool, serde=CHECKPOINT_SERDE)  # type: ignore[arg-type]
+            memory = AsyncPostgresStore(pool)  # type: ignore[arg-type]
+            async with advisory_lock(pool, CHECKPOINTER_SETUP_LOCK):
+                await saver.setup()
+                await memory.setup()
+            return store, saver, memory
+        except DATABASE_ERRORS as exc:
+            if not unavailable(exc) or loop.time() + delay > until:
+                raise
+            log.warning("the database cannot take the schema set-up yet (%s); trying again", exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 async def settle_checkpointer(saver: BaseCheckpointSaver[str]) -> None:

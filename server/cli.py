@@ -155,7 +155,15 @@ def _server_command(args: argparse.Namespace) -> int:
             metrics_at = (
                 None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
             )
-            _event_loop_run()(_run_worker(settings, metrics_at, agents))
+            from runtime.dberrors import DATABASE_ERRORS
+
+            try:
+                _event_loop_run()(_run_worker(settings, metrics_at, agents))
+            except DATABASE_ERRORS as exc:  # reached, and refused: its schema set-up, say
+                print(
+                    f"agent-runtime worker: the database refused: {one_line(exc)}", file=sys.stderr
+                )
+                return 2
     return 0
 
 

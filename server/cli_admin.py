@@ -28,6 +28,7 @@ def run(
     worker's is, so that one it cannot open (a newer version's, a server not there) is
     refused in one line before the store migrates or writes anything, not in the
     store's traceback."""
+    from runtime.dberrors import DATABASE_ERRORS
     from server.preflight import reach_the_database
     from server.settings import Settings, one_line
 
@@ -42,6 +43,11 @@ def run(
     except KeyboardInterrupt:
         print(f"agent-runtime: {args.command} interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except DATABASE_ERRORS as exc:  # reached, and refused: its schema set-up, say
+        print(
+            f"agent-runtime {args.command}: the database refused: {one_line(exc)}", file=sys.stderr
+        )
+        return EXIT_USAGE
 
 
 # -- keys ------------------------------------------------------------------------------

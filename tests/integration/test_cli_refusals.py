@@ -11,9 +11,12 @@ import socket
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
 
 from tests.integration.server_proc import ROOT
@@ -411,3 +414,29 @@ def test_a_port_already_taken_ends_serve_in_one_line_before_it_starts(tmp_path: 
         port = taken.getsockname()[1]
         done = agent_runtime(tmp_path, "serve", "--port", str(port))
     assert_one_line_refusal(done, f"cannot listen on 127.0.0.1:{port}", "in use")
+
+
+@pytest.fixture
+def no_create_privilege(pg_base_url: str) -> Iterator[str]:
+    """A fresh database and a role that may connect but create nothing in it (PostgreSQL
+    15 grants no CREATE on ``public`` to everyone): the schema set-up is refused."""
+    name = f"nocreate_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_base_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+        admin.execute(f"CREATE ROLE {name} LOGIN")
+    try:
+        yield urlunsplit(
+            urlsplit(pg_base_url)._replace(netloc=f"{name}@127.0.0.1:5432", path=f"/{name}")
+        )
+    finally:
+        with psycopg.connect(pg_base_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+            admin.execute(f"DROP ROLE {name}")
+
+
+@pytest.mark.parametrize("command", [("keys", "list"), ("prune", "--older-than", "1"), ("worker",)])
+def test_a_database_that_refuses_the_schema_set_up_is_said_in_one_line(
+    tmp_path: Path, no_create_privilege: str, command: tuple[str, ...]
+) -> None:
+    done = agent_runtime(tmp_path, *command, AGENT_RUNTIME_DATABASE_URL=no_create_privilege)
+    assert_one_line_refusal(done, "the database refused", "permission denied")

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 
+from runtime.backend import open_backend
 from runtime.lifecycle import State
 from runtime.model import RunCreate
 from runtime.tooling import ToolContext, ToolSpec
@@ -132,3 +133,31 @@ async def test_a_run_whose_database_fails_over_goes_on(failover: Failover, data_
 
     assert final.state is State.SUCCEEDED, (final.state, final.outcome)
     assert len(shipped) == 1 and row.status == "succeeded" and row.attempts == 1, row
+
+
+async def test_a_process_starting_in_a_failover_sets_up_once_it_is_over(
+    failover: Failover,
+) -> None:
+    """The schema set-up writes even where the schema is current: a worker restarted
+    during the failover crashed, again and again, until it was over."""
+    backend = await open_backend(failover.url)  # the schema, as an earlier start left it
+    await backend.close()
+    await asyncio.to_thread(failover.start)
+
+    started = await open_backend(failover.url)
+    try:
+        await served(started.store.ping)
+    finally:
+        await started.close()
+
+
+async def test_a_failover_that_lasts_ends_the_start_with_its_error(
+    failover: Failover, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = await open_backend(failover.url)
+    await backend.close()
+    monkeypatch.setattr("runtime.backend.SET_UP_WITHIN_S", 0.5)
+    await asyncio.to_thread(failover.start)
+
+    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        await open_backend(failover.url)
