@@ -109,7 +109,7 @@ class Memory:
         again = False
         while True:
             # A search of the user's own prefix reaches every namespace below it.
-            found = await self._store.asearch(self._prefix, limit=100)
+            found = await self._store.asearch(self._prefix, limit=100, refresh_ttl=False)
             page = {(tuple(item.namespace), item.key): item.updated_at for item in found}
             if not page:
                 return len(gone)
@@ -140,7 +140,11 @@ class Memory:
 
         BaseStore pages by offset only: a memory written while someone pages may move an
         item across a page boundary (seen twice, or not at all in that listing)."""
-        found = await self._store.asearch(self._namespace(sub), limit=limit + 1, offset=offset)
+        # No TTL to refresh (put sets none): a listing is a read, which PostgreSQL's
+        # store otherwise sends as an UPDATE, refused while a failover is read-only.
+        found = await self._store.asearch(
+            self._namespace(sub), limit=limit + 1, offset=offset, refresh_ttl=False
+        )
         more = len(found) > limit
         return {item.key: dict(item.value) for item in found[:limit]}, (
             offset + limit if more else None

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from runtime.backend import open_backend
 from runtime.lifecycle import State
+from runtime.memory import Memory
 from runtime.model import RunCreate
 from runtime.tooling import ToolContext, ToolSpec
 from runtime.worker import HEARTBEAT
@@ -161,3 +162,17 @@ async def test_a_failover_that_lasts_ends_the_start_with_its_error(
 
     with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
         await open_backend(failover.url)
+
+
+async def test_a_users_memories_are_listed_while_the_database_is_read_only(
+    failover: Failover,
+) -> None:
+    backend = await open_backend(failover.url)
+    try:
+        mine = Memory(backend.memory, "t", "u")
+        await mine.put("color", {"v": "teal"})
+        await asyncio.to_thread(failover.start)
+
+        assert await served(mine.items) == {"color": {"v": "teal"}}
+    finally:
+        await backend.close()
