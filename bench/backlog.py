@@ -249,17 +249,17 @@ async def read_times(url: str, target: str, dialect: str, count: int) -> dict[st
         await store.create_run(template_run(), "hash")
         fill(target, dialect, count - 1, 1)
         mark_ended(target, dialect)
-        _, deep = await store.list_runs(tenant_id="t0", state="succeeded", limit=count // 2)
+        _, deep = await store.list_runs(tenant_id="t0", states=["succeeded"], limit=count // 2)
         reads: dict[str, Callable[[], Awaitable[object]]] = {
             "runs of the tenant, first page": lambda: store.list_runs(tenant_id="t0"),
             f"runs waiting for a human ({RARE})": lambda: store.list_runs(
-                tenant_id="t0", state="waiting_human"
+                tenant_id="t0", states=["waiting_human"]
             ),
             "runs succeeded, first page": lambda: store.list_runs(
-                tenant_id="t0", state="succeeded"
+                tenant_id="t0", states=["succeeded"]
             ),
             "runs succeeded, a page halfway": lambda: store.list_runs(
-                tenant_id="t0", state="succeeded", cursor=deep
+                tenant_id="t0", states=["succeeded"], cursor=deep
             ),
             f"runs of another agent ({RARE})": lambda: store.list_runs(
                 tenant_id="t0", agent_id="rare"

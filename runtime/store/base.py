@@ -191,19 +191,23 @@ class RunStore(
     async def list_runs(
         self,
         *,
-        state: str | None = None,
+        states: Sequence[str] = (),
         agent_id: str | None = None,
         tenant_id: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> tuple[list[Run], str | None]:
+        """``states``: runs in any of them (none: in any state)."""
         where, params = ["1 = 1"], []
         if tenant_id is not None:
             where.append("tenant_id = ?")
             params.append(tenant_id)
-        if state:
+        unique = sorted(set(states))
+        if len(unique) == 1:  # the index's equality, as each dialect plans it surely
             where.append("state = ?")
-            params.append(state)
+        elif unique:
+            where.append(f"state IN ({', '.join('?' * len(unique))})")
+        params.extend(unique)
         if agent_id:
             where.append("agent_id = ?")
             params.append(agent_id)

@@ -66,7 +66,7 @@ async def test_alias_post_run_and_listing(api: Api) -> None:
     run_id = resp.json()["run_id"]
     await api.settle(run_id)
     for _ in range(3):
-        await api.create(agent_id="typo_fixer", input="more")
+        await api.settle((await api.create(agent_id="typo_fixer", input="more"))["run_id"])
     seen: list[str] = []
     cursor: str | None = None
     while True:
@@ -83,6 +83,14 @@ async def test_alias_post_run_and_listing(api: Api) -> None:
     assert len(seen) == len(set(seen)) == 4 and run_id in seen
     done = (await api.client.get("/runs", params={"state": "succeeded"})).json()["items"]
     assert run_id in [r["run_id"] for r in done]
+    # Given more than once, any of them (it was the last one given).
+    states = [("state", "succeeded"), ("state", "failed")]
+    either = (await api.client.get("/runs", params=states)).json()["items"]
+    assert {r["run_id"] for r in either} == {r["run_id"] for r in done}
+    either = (await api.client.get("/runs", params=states[::-1])).json()["items"]
+    assert {r["run_id"] for r in either} == {r["run_id"] for r in done}
+    none = (await api.client.get("/runs", params=[("state", "failed")])).json()["items"]
+    assert none == []
 
 
 async def test_an_empty_key_is_refused(api: Api) -> None:

@@ -186,13 +186,15 @@ def context_for(body: RunCreate, principal: Principal) -> RunContext:
 async def list_runs(
     store: StoreDep,
     principal: PrincipalDep,
-    state: State | None = None,
+    state: Annotated[list[State] | None, Query(max_length=len(State))] = None,
     agent_id: Annotated[str | None, Query(min_length=1, max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
 ) -> Page[Run]:
+    """Newest first; ``state`` given more than once: runs in any of them (it took the
+    last one given)."""
     runs, next_cursor = await store.list_runs(
-        state=state.value if state else None,
+        states=[s.value for s in state or ()],
         agent_id=agent_id,
         tenant_id=principal.tenant_id,
         limit=limit,
