@@ -230,14 +230,21 @@ async def test_bad_decisions_queries_and_headers_are_422(api: Api) -> None:
     ):
         resp = await api.client.post(f"/runs/{run_id}/approvals/ap-x", json=body)
         assert_problem(resp, 422, "VALIDATION_ERROR")
-    for params in (
+    refused: list[dict[str, str | int]] = [
         {"state": "sleeping"},
         {"limit": 0},
         {"limit": 10_000},
         {"cursor": "%%%"},
         {"agent_id": ""},  # not "any agent"
-    ):
+    ]
+    # A number is its digits: pydantic read the first four as 30, 3, 3 and 3.
+    refused += [{"limit": spelled} for spelled in ("3_0", "+3", " 3", "3.0", "³", "٣")]
+    for params in refused:
         assert_problem(await api.client.get("/runs", params=params), 422, "VALIDATION_ERROR")
+    for path in (f"/runs/{run_id}/events?after=1_0", f"/runs/{run_id}/planner-context/1.0"):
+        accept = {"Accept": "application/json"}
+        assert_problem(await api.client.get(path, headers=accept), 422, "VALIDATION_ERROR")
+    assert (await api.client.get("/runs", params={"limit": "007"})).status_code == 200
     for bad_id in (b"x", "²".encode("latin-1"), b"9" * 20):
         resp = await api.client.get(
             f"/runs/{run_id}/events",
