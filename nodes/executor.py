@@ -150,6 +150,19 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
         }
         for row in rows:
             failpoints.hit("ledger.after", row.tool)
+        for row in rows:
+            code = (row.error or {}).get("code")
+            if row.status not in ("succeeded", "unknown") and code not in REPLANNABLE:
+                # Whatever else the step holds: a call of it whose outcome is unknown
+                # is not asked about (it was, and the failure was lost once a human had
+                # ruled), but listed with the effects that may have happened.
+                update["outcome"] = failed(
+                    str(code or Code.TOOL_FAILED),
+                    f"{row.tool} {row.tool_call_id}: "
+                    + str((row.error or {}).get("message", row.status)),
+                    tool_call_id=row.tool_call_id,
+                )
+                return update
         unknown = [r for r in rows if r.status == "unknown"]
         if unknown:
             # Never guess: a human decides whether each such call runs again.
@@ -157,17 +170,6 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
             update["calls"] = [resolution_call(by_id[r.tool_call_id], r) for r in unknown]
             update["observations"] = [observation(r) for r in rows if r.status != "unknown"]
             update["tool_calls"] = [r.tool_call_id for r in rows if r.status != "unknown"]
-            return update
-        for row in rows:
-            code = (row.error or {}).get("code")
-            if row.status != "succeeded" and code not in REPLANNABLE:
-                update["outcome"] = failed(
-                    str(code or Code.TOOL_FAILED),
-                    f"{row.tool} {row.tool_call_id}: "
-                    + str((row.error or {}).get("message", row.status)),
-                    tool_call_id=row.tool_call_id,
-                )
-                break
         return update
 
     return executor_node

@@ -8,7 +8,7 @@ import pytest
 from nodes.executor import make_executor_node, resolution_call
 from runtime import ids
 from runtime.ledger import INLINE_OUTPUT_BYTES, new_ledger_row
-from runtime.model import Usage
+from runtime.model import Decision, ProposedCall, Usage
 from tests.agents import call, counter_lines
 from tests.unit.node_env import NodeEnv
 
@@ -156,3 +156,34 @@ async def test_an_interrupted_side_effect_waits_for_a_human(env: NodeEnv) -> Non
     assert rerun["observations"][0]["status"] == "succeeded"
     done = await env.store.get_tool_call(c["tool_call_id"])
     assert done is not None and (done.status, done.attempts) == ("succeeded", 2)
+
+
+async def test_a_failed_call_ends_the_run_though_another_is_unknown(env: NodeEnv) -> None:
+    """One call of the step failed for good and another's outcome is unknown: the run
+    fails (as without the unknown one), listing the unknown effect; it asked a human
+    about that one instead, and once they had ruled the failure was lost, and the run
+    could succeed."""
+    decision = Decision(
+        kind="tool_calls",
+        summary="two",
+        tool_calls=[
+            ProposedCall(tool="counter", args={"label": "once"}),
+            ProposedCall(tool="flaky", args={"seconds": 0}),
+        ],
+    )
+    counted, flaky = (await env.guard(decision))["calls"]
+    spec = env.tools.resolve("counter", "1")
+    assert spec is not None
+    row = new_ledger_row(
+        env.run_id, 0, 0, counted["tool_call_id"], spec, counted["args"], counted["args_hash"]
+    )
+    await env.store.start_tool_call(row, {})  # a dead drive's claim: its outcome unknown
+
+    update = await make_executor_node(env.tools)(env.state(calls=[counted, flaky]), env.runtime)
+
+    assert update["outcome"]["code"] == "TOOL_UNAVAILABLE", update
+    assert update["outcome"]["tool_call_id"] == flaky["tool_call_id"]
+    assert update["calls"] == []  # nobody is asked: the run ends
+    statuses = {r.tool: r.status for r in await env.store.list_tool_calls(env.run_id)}
+    assert statuses == {"counter": "unknown", "flaky": "failed"}
+    assert counter_lines(env.data_dir) == []
