@@ -77,6 +77,10 @@ def _transition_changes(
     elif target is State.WAITING_HUMAN:
         # Parked: nothing to drive until a human decides (decide_approval sets it again).
         fields = {**fields, "needs_drive": 0}
+    if current is State.WAITING_HUMAN and target is not State.WAITING_HUMAN:
+        # Whatever moved it on (a decision, a cancel), what it waited for is not pending
+        # any more: a run replanning after a rejection showed the decided approval.
+        fields = {"pending_approval": None, **fields}
     state_event = {"from": current.value, "to": target.value, "trigger": trigger.value}
     return (
         {**fields, "state": target, "updated_at": _ts()},

@@ -15,7 +15,7 @@ import pytest
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
-from runtime.model import Approval, BudgetLimits, RunOptions, utcnow
+from runtime.model import Approval, BudgetLimits, PendingApproval, RunOptions, utcnow
 from runtime.store import leases
 from runtime.store.base import RunStore
 from runtime.store.core import SchemaTooNew
@@ -867,3 +867,27 @@ async def test_a_database_a_newer_version_migrated_refuses_this_one(backend: obj
         await tx.execute("INSERT INTO schema_version (version) VALUES (?)", (len(MIGRATIONS) + 1,))
     with pytest.raises(SchemaTooNew, match=f"version {len(MIGRATIONS) + 1}, newer"):
         await store.migrate()
+
+
+@pytest.mark.parametrize(
+    ("trigger", "to"),
+    [(Trigger.APPROVED, None), (Trigger.REJECTED, State.PLANNING), (Trigger.CANCEL, None)],
+)
+async def test_a_run_moved_on_from_waiting_waits_on_no_approval(
+    backend: object, make_run: MakeRun, trigger: Trigger, to: State | None
+) -> None:
+    """A rejection sent the run back to its planner, and it showed the decided approval
+    as pending while it planned and ran its next step."""
+    store = store_of(backend)
+    run = await make_run(store, state=State.EXECUTING)
+    waiting = PendingApproval(approval_id="ap-1", tool_call_id="tc-1", tool="refund", reason="r")
+    parked = await store.transition(
+        run.run_id, Trigger.NEED_APPROVAL, expect=State.EXECUTING, pending_approval=waiting
+    )
+    assert parked.pending_approval == waiting
+
+    moved = await store.transition(run.run_id, trigger, expect=State.WAITING_HUMAN, to=to)
+
+    assert moved.state is not State.WAITING_HUMAN and moved.pending_approval is None
+    stored = await store.get_run(run.run_id)
+    assert stored is not None and stored.pending_approval is None
