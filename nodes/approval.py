@@ -192,6 +192,19 @@ def make_approval_node(tools: ToolResolver) -> NodeFn:
         # The rejection that ends the run (the loop stopped at it), not one sent back.
         stopper = next(r for r in rejected if r["on_reject"] == "fail")
         row, call = stopper["row"], stopper["call"]
+        # Its step's other calls, approved or not asked about, are on the record too
+        # (not an unknown outcome: that one ran, and is listed with the effects).
+        await not_run(
+            ctx,
+            state["step_index"],
+            (
+                c
+                for c in state.get("calls", [])
+                if c["tool_call_id"] != call["tool_call_id"] and c.get("kind") != "outcome_unknown"
+            ),
+            f"the rejection of {call['tool']} {call['tool_call_id']}",
+            ended=True,
+        )
         message = f"{call['tool']}@{call['version']} rejected by {row.decided_by}" + (
             f": {row.comment}" if row.comment else ""
         )

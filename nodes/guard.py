@@ -32,6 +32,12 @@ def _validation_message(exc: ValidationError) -> str:
     )
 
 
+async def _refused(ctx: Context, refusal: dict[str, Any]) -> None:
+    await ctx.store.append_event(
+        ctx.run_id, EventType.ERROR, refusal, dedupe_key=f"error:{refusal['tool_call_id']}"
+    )
+
+
 def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
     async def guard_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
         ctx = await services(runtime, state)
@@ -40,6 +46,9 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
         context = run_context(state)
         calls: list[dict[str, Any]] = []
         rejected: list[dict[str, Any]] = []
+        refusals: list[dict[str, Any]] = []  # their error events, written once all are seen
+        stop: dict[str, Any] | None = None  # a denial that ends the run
+        denied = ""
         for index, proposed in enumerate(decision.tool_calls):
             tc_id = ids.tool_call_id(ctx.run_id, step, index)
             spec = tools.resolve(proposed.tool, proposed.version)
@@ -59,8 +68,9 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
                         recovery = Recovery.REPLAN  # the planner takes another path
                     elif verdict.action == "deny":
                         # The run stops: its end writes the one error event, naming the call.
-                        outcome = failed(Code.POLICY_DENIED, verdict.reason, tool_call_id=tc_id)
-                        return {"outcome": outcome, "calls": []}
+                        stop = failed(Code.POLICY_DENIED, verdict.reason, tool_call_id=tc_id)
+                        denied = f"{proposed.tool} {tc_id}"
+                        break
                     else:
                         normalized = args.model_dump(mode="json")
                         calls.append(
@@ -86,9 +96,7 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
                         "summary": message,
                     }
                 )
-                await ctx.store.append_event(
-                    ctx.run_id,
-                    EventType.ERROR,
+                refusals.append(
                     {
                         "code": code,
                         "message": message,
@@ -97,9 +105,28 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
                         "step_index": step,
                         "call_index": index,
                         "recovery": recovery or CODES[code].recovery,
-                    },
-                    dedupe_key=f"error:{tc_id}",
+                    }
                 )
+        if stop is not None:
+            # Nothing is replanned (a refusal before the denial said "replan", and the
+            # rest of the step nothing): each refused call says why, with nothing to
+            # recover, and every other one, those after the denied one too, is not run.
+            for refusal in refusals:
+                await _refused(ctx, {**refusal, "recovery": Recovery.NONE})
+            told = {r["tool_call_id"] for r in refusals} | {stop["tool_call_id"]}
+            proposed_calls = [
+                {
+                    "tool_call_id": ids.tool_call_id(ctx.run_id, step, i),
+                    "call_index": i,
+                    "tool": p.tool,
+                }
+                for i, p in enumerate(decision.tool_calls)
+            ]
+            others = [c for c in proposed_calls if c["tool_call_id"] not in told]
+            await not_run(ctx, step, others, f"the denial of {denied}", ended=True)
+            return {"outcome": stop, "calls": []}
+        for refusal in refusals:
+            await _refused(ctx, refusal)
         if rejected:
             # The step runs whole or not at all: the planner sees every problem at once,
             # and which of its calls did not run for them.

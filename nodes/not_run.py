@@ -1,5 +1,5 @@
 """Calls of a step that will not run: another call of it was refused (by the guard) or
-rejected (by a human, replanning), and the whole step went back to the planner.
+rejected (by a human), and the whole step went back to the planner, or the run ended.
 
 Each is put on the record (an error event, ``CALL_NOT_RUN``) and told to the planner
 (an observation), so that nothing a planner proposed, or a human approved, disappears
@@ -12,16 +12,25 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from runtime.context import Context
-from runtime.errors import CODES, Code
+from runtime.errors import CODES, Code, Recovery
 from runtime.events import EventType
 
 
 async def not_run(
-    ctx: Context, step_index: int, calls: Iterable[Mapping[str, Any]], because: str
+    ctx: Context,
+    step_index: int,
+    calls: Iterable[Mapping[str, Any]],
+    because: str,
+    *,
+    ended: bool = False,
 ) -> list[dict[str, Any]]:
     """``calls``: each with its tool_call_id, call_index and tool; ``because``: what
-    sent the step back ("the rejection of …"). Returns their observations."""
-    message = f"not run: {because} sent its step back to the planner"
+    sent the step back ("the rejection of …"), or, ``ended``, ended the run. Returns
+    their observations."""
+    went = "ended the run" if ended else "sent its step back to the planner"
+    back = "its step went back to the planner"
+    message = f"not run: {because} {went}"
+    recovery = Recovery.NONE if ended else CODES[Code.CALL_NOT_RUN].recovery
     observations = []
     for call in calls:
         tc_id = call["tool_call_id"]
@@ -35,7 +44,7 @@ async def not_run(
                 "tool_call_id": tc_id,
                 "step_index": step_index,
                 "call_index": call["call_index"],
-                "recovery": CODES[Code.CALL_NOT_RUN].recovery,
+                "recovery": recovery,
             },
             dedupe_key=f"error:{tc_id}",
         )
@@ -46,7 +55,7 @@ async def not_run(
                 "tool": call["tool"],
                 "status": Code.CALL_NOT_RUN.value,
                 "error": message,
-                "summary": "not run: its step went back to the planner",
+                "summary": f"not run: {'the run ended' if ended else back}",
             }
         )
     return observations

@@ -263,6 +263,33 @@ async def test_the_run_ends_naming_the_rejection_that_ends_it(env: NodeEnv) -> N
     )
 
 
+async def test_a_rejection_that_ends_the_run_puts_the_steps_other_calls_on_record(
+    env: NodeEnv,
+) -> None:
+    """As one that sends the step back does (README: each gets a CALL_NOT_RUN error
+    event), but nothing is to be replanned: the record was silent, a human's approval
+    of one of them never run, and nothing said so."""
+    graph = OneNode(env)
+    state = await guarded(
+        env, call("refund_soft", amount=5), call("refund", amount=6), call("echo", text="a", n=1)
+    )
+    await graph.run(state)
+    await graph.run(Command(resume={"decision": "approve"}))
+
+    final = await graph.run(Command(resume={"decision": "reject", "comment": "hard"}))
+
+    approved, rejected, plain = state["calls"]
+    assert final["outcome"]["tool_call_id"] == rejected["tool_call_id"]
+    errors = [e.data for e in await env.store.list_events(env.run_id) if e.type == "error"]
+    assert [(e["code"], e["tool_call_id"], e["recovery"]) for e in errors] == [
+        ("CALL_NOT_RUN", approved["tool_call_id"], "none"),
+        ("CALL_NOT_RUN", plain["tool_call_id"], "none"),
+    ]
+    assert all("ended the run" in e["message"] for e in errors), errors
+    await graph.run(Command(resume={"decision": "reject"}))  # replayed: written once
+    assert len([e for e in await env.store.list_events(env.run_id) if e.type == "error"]) == 2
+
+
 async def test_a_replannable_rejection_goes_back_to_the_planner(env: NodeEnv) -> None:
     graph = OneNode(env)
     state = await guarded(env, call("refund_soft", amount=5))

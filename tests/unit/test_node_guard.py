@@ -78,6 +78,32 @@ async def test_guard_missing_scope_is_denied(env: NodeEnv) -> None:
     assert [e for e in await env.store.list_events(env.run_id) if e.type == "error"] == []
 
 
+async def test_a_denial_that_ends_the_run_says_nothing_is_to_be_replanned(
+    env: NodeEnv,
+) -> None:
+    """An unknown tool, then a call denied for good, then a valid one: the unknown tool
+    said "replan" though nothing was replanned, and the valid call was never mentioned."""
+    decision = Decision(
+        kind="tool_calls",
+        tool_calls=[
+            *call("teleport", where="mars").tool_calls,
+            *call("secret", amount=1).tool_calls,
+            *call("echo", text="a", n=1).tool_calls,
+        ],
+    )
+
+    update = await env.guard(decision)
+
+    assert update["outcome"]["code"] == "POLICY_DENIED"
+    assert update["outcome"]["tool_call_id"] == ids.tool_call_id(env.run_id, 0, 1)
+    errors = [e.data for e in await env.store.list_events(env.run_id) if e.type == "error"]
+    assert [(e["code"], e["call_index"], e["recovery"]) for e in errors] == [
+        ("TOOL_NOT_FOUND", 0, "none"),
+        ("CALL_NOT_RUN", 2, "none"),
+    ]
+    assert "ended the run" in errors[1]["message"] and "secret" in errors[1]["message"]
+
+
 async def test_a_denial_can_go_back_to_the_planner(env: NodeEnv) -> None:
     update = await env.guard(call("secret_soft", amount=1))
 
