@@ -97,7 +97,7 @@ CODES: dict[Code, CodeInfo] = {
     C.APPROVAL_REJECTED: CodeInfo("A human rejected the action", R.NONE, 409, Trigger.REJECTED),
     C.CHECKPOINT_ERROR: CodeInfo("State cannot be persisted", R.RESUME, 503),
     C.CALL_NOT_RUN: CodeInfo(
-        "A call was not run: a rejection sent its step back to the planner", R.REPLAN, 409
+        "A call was not run: another call of its step was refused or rejected", R.REPLAN, 409
     ),
     C.FINISH_REFUSED: CodeInfo(
         "The planner proposed to finish while work was open: it plans again", R.REPLAN, 409
