@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Callable, Coroutine
@@ -44,9 +45,8 @@ def run(
         print(f"agent-runtime: {args.command} interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except DATABASE_ERRORS as exc:  # reached, and refused: its schema set-up, say
-        print(
-            f"agent-runtime {args.command}: the database refused: {one_line(exc)}", file=sys.stderr
-        )
+        said = "" if isinstance(exc, OSError) else "the database refused: "
+        print(f"agent-runtime {args.command}: {said}{one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
 
 
@@ -56,6 +56,7 @@ def run(
 async def keys(args: argparse.Namespace, settings: Settings) -> int:
     from runtime.backend import open_backend
     from server.auth.keys import create_key
+    from server.settings import one_line
 
     backend = await open_backend(settings.resolved_database_url)
     try:
@@ -69,29 +70,30 @@ async def keys(args: argparse.Namespace, settings: Settings) -> int:
                     roles=args.role or [],
                     scopes=args.scope or [],
                     label=args.label,
+                    audited_by="cli",
                 )
             except ValueError as exc:
                 print(f"agent-runtime: {exc}", file=sys.stderr)
                 return EXIT_USAGE
-            # Shown before anything else can fail: the key is live, its secret unkept.
-            if args.json:
-                print(json.dumps({"key_id": key.key_id, "token": key.token}), flush=True)
-            else:
-                print(key.token, flush=True)
-                print(
-                    f"(key {key.key_id} for {args.user} of {args.tenant}: shown once, "
-                    "only its hash is kept)",
-                    file=sys.stderr,
-                )
-            await store.record_audit(
-                args.tenant,
-                "cli",
-                "key.create",
-                key.key_id,
-                user_id=args.user,
-                roles=sorted(set(args.role or [])),
-                scopes=sorted(set(args.scope or [])),
-            )
+            # The key is live, and on the trail; its secret is kept nowhere but here.
+            try:
+                if args.json:
+                    print(json.dumps({"key_id": key.key_id, "token": key.token}), flush=True)
+                else:
+                    print(key.token, flush=True)
+                    print(
+                        f"(key {key.key_id} for {args.user} of {args.tenant}: shown once, "
+                        "only its hash is kept)",
+                        file=sys.stderr,
+                    )
+            except OSError as exc:  # a closed pipe, a full disk: not the database
+                with contextlib.suppress(OSError):
+                    print(
+                        f"agent-runtime: key {key.key_id} was made, but its token could not "
+                        f"be written ({one_line(exc)}): revoke it if it was lost",
+                        file=sys.stderr,
+                    )
+                return EXIT_USAGE
         elif args.keys_command == "list":
             rows = await store.list_api_keys(args.tenant)
             if args.json:  # never the hash: what the table shows, as JSON
@@ -119,12 +121,9 @@ async def keys(args: argparse.Namespace, settings: Settings) -> int:
                 )
         else:
             revoked = await store.get_api_key(args.key_id)
-            if revoked is None or not await store.revoke_api_key(args.key_id):
+            if revoked is None or not await store.revoke_api_key(args.key_id, audited_by="cli"):
                 print(f"agent-runtime: no active key {args.key_id}", file=sys.stderr)
                 return EXIT_USAGE
-            await store.record_audit(
-                revoked.tenant_id, "cli", "key.revoke", args.key_id, user_id=revoked.user_id
-            )
             print(
                 f"(key {args.key_id} of {revoked.user_id} of {revoked.tenant_id} revoked: "
                 "refused from now on; event streams it opened end within SSE_KEEPALIVE_S)",

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from runtime.store.audit import insert_audit
 from runtime.store.codec import _enc, _ts
 from runtime.store.core import Row, StoreCore
 
@@ -55,9 +56,22 @@ def _params(key: NewApiKey) -> tuple[object, ...]:
 class ApiKeyQueries(StoreCore):
     """API key rows."""
 
-    async def create_api_key(self, key: NewApiKey) -> None:
+    async def create_api_key(self, key: NewApiKey, *, audited_by: str | None = None) -> None:
+        """``audited_by``: the actor the audit trail names, in the same transaction (a
+        key live and off the trail was one failed print away)."""
         async with self.tx() as tx:
             await tx.execute(_INSERT, _params(key))
+            if audited_by is not None:
+                await insert_audit(
+                    tx,
+                    key.tenant_id,
+                    audited_by,
+                    "key.create",
+                    key.key_id,
+                    user_id=key.user_id,
+                    roles=sorted(set(key.roles)),
+                    scopes=sorted(set(key.scopes)),
+                )
 
     async def create_first_api_keys(self, keys: Sequence[NewApiKey]) -> bool:
         """Insert ``keys`` only if the store has no key at all, as one transaction;
@@ -84,13 +98,18 @@ class ApiKeyQueries(StoreCore):
             )
         return [_key(r) for r in rows]
 
-    async def revoke_api_key(self, key_id: str) -> bool:
+    async def revoke_api_key(self, key_id: str, *, audited_by: str | None = None) -> bool:
+        """Whether it was live (and is revoked now); ``audited_by`` as for a create."""
         async with self.tx() as tx:
             row = await tx.fetchone(
                 "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL "
-                "RETURNING key_id",
+                "RETURNING tenant_id, user_id",
                 (_ts(), key_id),
             )
+            if row is not None and audited_by is not None:
+                await insert_audit(
+                    tx, row["tenant_id"], audited_by, "key.revoke", key_id, user_id=row["user_id"]
+                )
         return row is not None
 
     async def has_api_keys(self) -> bool:

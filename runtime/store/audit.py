@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from runtime.model import utcnow
 from runtime.store.codec import _dec, _enc_col, _iso
-from runtime.store.core import StoreCore
+from runtime.store.core import StoreCore, Tx
 
 AuditAction = Literal["memory.forget", "memory.delete", "key.create", "key.revoke"]
 """Every action the trail records (and GET /audit filters on)."""
@@ -34,26 +34,33 @@ class AuditEntry(BaseModel):
     detail: dict[str, Any]
 
 
+async def insert_audit(
+    tx: Tx, tenant_id: str, actor: str, action: AuditAction, subject: str, **detail: Any
+) -> AuditEntry:
+    """The entry, written in ``tx``: with what it records, where that is a write of its own."""
+    entry = AuditEntry(
+        audit_id=f"au-{uuid.uuid4().hex}",
+        at=_iso(utcnow(), exact=True),  # pages are ordered by it as text
+        tenant_id=tenant_id,
+        actor=actor,
+        action=action,
+        subject=subject,
+        detail=detail,
+    )
+    row = entry.model_dump()
+    await tx.execute(
+        f"INSERT INTO audit ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
+        [_enc_col(k, v) for k, v in row.items()],
+    )
+    return entry
+
+
 class AuditQueries(StoreCore):
     async def record_audit(
         self, tenant_id: str, actor: str, action: AuditAction, subject: str, **detail: Any
     ) -> AuditEntry:
-        entry = AuditEntry(
-            audit_id=f"au-{uuid.uuid4().hex}",
-            at=_iso(utcnow(), exact=True),  # pages are ordered by it as text
-            tenant_id=tenant_id,
-            actor=actor,
-            action=action,
-            subject=subject,
-            detail=detail,
-        )
-        row = entry.model_dump()
         async with self.tx() as tx:
-            await tx.execute(
-                f"INSERT INTO audit ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
-                [_enc_col(k, v) for k, v in row.items()],
-            )
-        return entry
+            return await insert_audit(tx, tenant_id, actor, action, subject, **detail)
 
     async def page_audit(
         self, tenant_id: str, *, action: str | None = None, limit: int, cursor: str | None

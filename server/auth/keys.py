@@ -73,11 +73,13 @@ async def create_key(
     roles: list[str] | None = None,
     scopes: list[str] | None = None,
     label: str | None = None,
+    audited_by: str | None = None,
 ) -> NewKey:
+    """``audited_by``: who the audit trail says made it, written with it."""
     key, row = mint_key(
         tenant_id=tenant_id, user_id=user_id, roles=roles, scopes=scopes, label=label
     )
-    await store.create_api_key(row)
+    await store.create_api_key(row, audited_by=audited_by)
     return key
 
 

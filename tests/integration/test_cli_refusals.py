@@ -4,6 +4,7 @@ arguments no request can carry. No server is needed for any of them."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
+from runtime.backend import open_backend
 from tests.integration.server_proc import ROOT
 from tools.retail import generate
 
@@ -440,3 +442,41 @@ def test_a_database_that_refuses_the_schema_set_up_is_said_in_one_line(
 ) -> None:
     done = agent_runtime(tmp_path, *command, AGENT_RUNTIME_DATABASE_URL=no_create_privilege)
     assert_one_line_refusal(done, "the database refused", "permission denied")
+
+
+def test_a_key_made_is_on_the_trail_though_its_token_could_not_be_written(
+    tmp_path: Path,
+) -> None:
+    """Its output a closed pipe: the key was committed, the print failed, and the trail's
+    entry, written after it, never was (a live admin key that no audit showed)."""
+    proc = subprocess.Popen(
+        [*CLI, "keys", "create", "--tenant", "t", "--user", "mallory", "--role", "admin"],
+        cwd=ROOT,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("AGENT_RUNTIME_")},
+            "PYTHONPATH": str(ROOT),
+            "AGENT_RUNTIME_DATA_DIR": str(tmp_path / "data"),
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()  # long before the token is printed (the imports take a while)
+    _, err = proc.communicate(timeout=60)
+
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert "could not be written" in err and "database" not in err, err
+
+    async def trail() -> list[tuple[str, str]]:
+        backend = await open_backend(f"sqlite:///{tmp_path / 'data' / 'runtime.db'}")
+        try:
+            keys = await backend.store.list_api_keys("t")
+            entries, _ = await backend.store.page_audit("t", limit=10, cursor=None)
+        finally:
+            await backend.close()
+        assert [k.user_id for k in keys] == ["mallory"]
+        return [(e.action, e.subject) for e in entries]
+
+    [(action, _)] = asyncio.run(trail())
+    assert action == "key.create"
