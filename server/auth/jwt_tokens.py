@@ -108,16 +108,22 @@ class JwtVerifier:
         except (jwt.PyJWTError, TypeError, ValueError) as exc:
             # TypeError/ValueError: PyJWT's word for a key that cannot check this token.
             raise JwtError(str(exc)) from exc
-        tenant = claims.get("tenant_id") or claims.get("tid")
+        # A claim given is read as given: a false, zero or empty one is not taken for
+        # one left out (a tenant_id of false read "tid"), and a time is a number
+        # (PyJWT reads "exp": "1700000000", text, as one).
+        for name in ("exp", "nbf", "iat"):
+            if name in claims and not _number(claims[name]):
+                raise JwtError(f"{name} must be a number (RFC 7519)")
+        tenant = claims["tenant_id"] if "tenant_id" in claims else claims.get("tid")
         if not isinstance(tenant, str) or not is_name(tenant):
             raise JwtError("token has no usable tenant_id claim")
         if not is_name(claims["sub"]):
             raise JwtError("token has no usable sub claim")
-        roles = claims.get("roles") or []
+        roles = claims.get("roles", [])
         scope = claims.get("scope")
         if scope is not None and not isinstance(scope, str):
             raise JwtError("scope must be a space-separated string")
-        scopes = claims.get("scopes") or (scope or "").split()
+        scopes = claims["scopes"] if "scopes" in claims else (scope or "").split()
         if not isinstance(roles, list) or not isinstance(scopes, list):
             raise JwtError("roles and scopes must be lists")
         if not all(is_name(name) for name in (*roles, *scopes)):
@@ -135,3 +141,7 @@ class JwtVerifier:
             # The local secret's holder can write any iss: its tokens are named by it.
             via=f"jwt:{issuer}" if alg == "RS256" and issuer else f"jwt:{alg}",
         )
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

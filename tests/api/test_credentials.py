@@ -149,6 +149,14 @@ async def test_a_key_is_refused_a_name_no_token_could_carry(
         (lambda: jwt.encode(claims(sub="u-ops-001 "), TEST_JWT_SECRET), "sub"),
         (lambda: jwt.encode(claims(tenant_id=" demo-retail"), TEST_JWT_SECRET), "tenant_id"),
         (lambda: jwt.encode(claims(sub="u-ops\u3000001"), TEST_JWT_SECRET), "sub"),
+        # A claim given is read as given, not as one left out (nor as its text's number).
+        (lambda: jwt.encode(claims(tenant_id=False, tid="t9"), TEST_JWT_SECRET), "tenant_id"),
+        (lambda: jwt.encode(claims(tenant_id="", tid="t9"), TEST_JWT_SECRET), "tenant_id"),
+        (lambda: jwt.encode(claims(roles=False), TEST_JWT_SECRET), "lists"),
+        (lambda: jwt.encode(claims(scopes=0), TEST_JWT_SECRET), "lists"),
+        (lambda: jwt.encode(claims(exp=str(int(time.time()) + 600)), TEST_JWT_SECRET), "exp"),
+        (lambda: jwt.encode(claims(exp=True), TEST_JWT_SECRET), "exp"),
+        (lambda: jwt.encode(claims(iat=str(int(time.time()))), TEST_JWT_SECRET), "iat"),
     ],
 )
 async def test_bad_jwts_are_401(api: Api, make: Any, why: str) -> None:
