@@ -5,8 +5,6 @@ addresses (and a cache as many entries for it); a client's typo went unnoticed."
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from pydantic import BeforeValidator
 
 
@@ -16,4 +14,6 @@ def _digits(value: object) -> object:
     return value
 
 
-Digits = Annotated[int, BeforeValidator(_digits)]
+DIGITS = BeforeValidator(_digits)
+"""Beside the parameter's ``Query``/``Path`` in its ``Annotated`` (inside a type of its
+own, it hid their bounds from the OpenAPI document: ``ge``, not ``minimum``)."""

@@ -98,3 +98,26 @@ async def test_every_operation_that_reads_a_body_refuses_one_not_sent_as_json(ap
             method, path, content=b"{}", headers={"Content-Type": "text/plain"}
         )
         assert resp.status_code == 415, (method, path, resp.text)
+
+
+def test_parameter_bounds_are_json_schema(document: dict[str, Any]) -> None:
+    """A number's bounds are ``minimum``/``maximum``, which clients read: a validator in
+    a type of its own made them ``ge``/``le``, which none does."""
+    params = {
+        (path, p["name"]): p["schema"]
+        for path, operations in document["paths"].items()
+        for operation in operations.values()
+        for p in operation.get("parameters", [])
+    }
+    for where, schema in params.items():
+        for branch in schema.get("anyOf", [schema]):
+            assert not {"ge", "le", "gt", "lt"} & branch.keys(), (where, schema)
+    assert params[("/runs", "limit")] | {"default": None} == {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 200,
+        "default": None,
+        "title": "Limit",
+    }
+    step = params[("/runs/{run_id}/planner-context/{step}", "step")]
+    assert (step["minimum"], step["maximum"]) == (0, 10**6)

@@ -15,7 +15,7 @@ from runtime.store.records import ShownApproval
 from server.api.deps import EngineDep, PrincipalDep, RunDep, ServicesDep, StoreDep
 from server.api.openapi import AUTHENTICATED, OF_A_RUN, WITH_BODY, headers, problem_responses
 from server.api.paging import next_link
-from server.api.params import Digits
+from server.api.params import DIGITS
 from server.api.redaction import RunTools
 from server.api.waiting import (
     PREFER_WAIT,
@@ -51,7 +51,7 @@ async def list_approvals(
     principal: PrincipalDep,
     state: ApprovalStatus | None = "pending",
     run_id: Annotated[str | None, Query(max_length=100)] = None,
-    limit: Annotated[Digits, Query(ge=1, le=500)] = 100,
+    limit: Annotated[int, Query(ge=1, le=500), DIGITS] = 100,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
 ) -> list[ShownApproval]:
     """Oldest first. A fuller inbox than ``limit`` says where its next page is in a

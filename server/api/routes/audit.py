@@ -11,7 +11,7 @@ from runtime.store.audit import AuditAction, AuditEntry
 from server.api.deps import PrincipalDep, StoreDep
 from server.api.openapi import AUTHENTICATED, headers, problem_responses
 from server.api.paging import next_link
-from server.api.params import Digits
+from server.api.params import DIGITS
 from server.auth.principal import ADMIN
 
 router = APIRouter(tags=["audit"])
@@ -30,7 +30,7 @@ async def list_audit(
     store: StoreDep,
     principal: PrincipalDep,
     action: AuditAction | None = None,
-    limit: Annotated[Digits, Query(ge=1, le=500)] = 100,
+    limit: Annotated[int, Query(ge=1, le=500), DIGITS] = 100,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
 ) -> list[AuditEntry]:
     """What people did outside any run's log in the caller's tenant, oldest first; a

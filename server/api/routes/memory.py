@@ -24,7 +24,7 @@ from runtime.store.codec import decode_cursor, encode_cursor
 from server.api.deps import EngineDep, PrincipalDep
 from server.api.openapi import AUTHENTICATED, headers, problem_responses
 from server.api.paging import next_link
-from server.api.params import Digits
+from server.api.params import DIGITS
 from server.auth import Principal
 from server.auth.principal import ADMIN, NAME_RULE, is_name
 
@@ -111,7 +111,7 @@ async def list_memory(
     principal: PrincipalDep,
     user_id: UserQuery = None,
     sub: SubQuery = None,
-    limit: Annotated[Digits, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=1000), DIGITS] = 100,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> dict[str, dict[str, Any]]:
     """The memories in a namespace (``?sub=a&sub=b``; the user's top one by default), by

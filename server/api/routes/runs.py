@@ -40,7 +40,7 @@ from server.api.openapi import (
     problem_responses,
 )
 from server.api.paging import next_link
-from server.api.params import Digits
+from server.api.params import DIGITS
 from server.api.redaction import RunTools, redact_steps, redact_tool_calls
 from server.api.trace import Trace, trace_body, trace_head
 from server.api.waiting import (
@@ -189,7 +189,7 @@ async def list_runs(
     principal: PrincipalDep,
     state: Annotated[list[State] | None, Query(max_length=len(State))] = None,
     agent_id: Annotated[str | None, Query(min_length=1, max_length=100)] = None,
-    limit: Annotated[Digits, Query(ge=1, le=200)] = 50,
+    limit: Annotated[int, Query(ge=1, le=200), DIGITS] = 50,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
 ) -> Page[Run]:
     """Newest first; ``state`` given more than once: runs in any of them (it took the
@@ -252,9 +252,9 @@ async def run_events(
     services: ServicesDep,
     principal: PrincipalDep,
     request: Request,
-    after: Annotated[Digits | None, Query(ge=0, le=MAX_SEQ)] = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_SEQ), DIGITS] = None,
     last_event_id: Annotated[str | None, Header(max_length=20)] = None,
-    limit: Annotated[Digits, Query(ge=1, le=MAX_EVENT_PAGE)] = MAX_EVENT_PAGE,
+    limit: Annotated[int, Query(ge=1, le=MAX_EVENT_PAGE), DIGITS] = MAX_EVENT_PAGE,
 ) -> Response:
     """SSE by default. As JSON, at most ``limit`` events after ``after``; a longer log
     says where its next page is in a ``Link: <…>; rel="next"`` header. An event that
@@ -343,7 +343,10 @@ class PlannerContext(BaseModel):
     responses=problem_responses(*OF_A_RUN, Code.STEP_NOT_FOUND, Code.AGENT_NOT_FOUND),
 )
 async def planner_context(
-    run: RunDep, engine: EngineDep, store: StoreDep, step: Annotated[Digits, Path(ge=0, le=10**6)]
+    run: RunDep,
+    engine: EngineDep,
+    store: StoreDep,
+    step: Annotated[int, Path(ge=0, le=10**6), DIGITS],
 ) -> PlannerContext:
     """Only for a step that was decided (listed in ``/steps``): one whose planner failed
     or was never asked (a budget ran out) has no decision to explain."""
