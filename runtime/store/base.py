@@ -202,12 +202,6 @@ class RunStore(
         if tenant_id is not None:
             where.append("tenant_id = ?")
             params.append(tenant_id)
-        unique = sorted(set(states))
-        if len(unique) == 1:  # the index's equality, as each dialect plans it surely
-            where.append("state = ?")
-        elif unique:
-            where.append(f"state IN ({', '.join('?' * len(unique))})")
-        params.extend(unique)
         if agent_id:
             where.append("agent_id = ?")
             params.append(agent_id)
@@ -219,6 +213,7 @@ class RunStore(
             limit=limit,
             cursor=cursor,
             newest_first=True,
+            any_of=("state", sorted(set(states))),
         )
         return [Run.model_validate(_dec(r)) for r in rows], next_cursor
 

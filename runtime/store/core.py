@@ -438,11 +438,14 @@ class StoreCore(ABC):
         cursor: str | None,
         newest_first: bool = False,
         runs: bool = True,
+        any_of: tuple[str, Sequence[Any]] = ("", ()),
     ) -> tuple[list[Row], str | None]:
         """One page of ``table``'s rows matching ``where``, in ``keys`` order (a time,
         then a unique key), by keyset (a row written meanwhile never shifts a page); the
         next page's cursor, tagged with the table (None: the last page). ``runs``: as
-        for :meth:`read`."""
+        for :meth:`read`. ``any_of``: a column and the values it may hold, each read
+        from its own index range in order and merged (an IN list made both dialects
+        filter the whole time index, or sort every match, for a page)."""
         first, second = keys
         op, order = ("<", "DESC") if newest_first else (">", "ASC")
         if cursor:
@@ -455,12 +458,19 @@ class StoreCore(ABC):
             # range of the index, where the OR was a filter on every row before it.
             where = [*where, f"({first}, {second}) {op} (?, ?)"]
             params = [*params, at, key]
-        async with self.read(runs=runs) as tx:
-            rows = await tx.fetchall(
-                f"SELECT * FROM {table} WHERE {' AND '.join(where)} "
-                f"ORDER BY {first} {order}, {second} {order} LIMIT ?",
-                [*params, limit + 1],
+        column, values = any_of
+        ordered = f"ORDER BY {first} {order}, {second} {order} LIMIT ?"
+        conditions = " AND ".join([*where, f"{column} = ?"] if values else where)
+        sql = f"SELECT * FROM {table} WHERE {conditions} {ordered}"
+        args = [*params, *values, limit + 1]
+        if len(values) > 1:
+            branches = " UNION ALL ".join(
+                f"SELECT * FROM ({sql}) AS b{i}" for i in range(len(values))
             )
+            sql = f"SELECT * FROM ({branches}) AS merged {ordered}"
+            args = [a for v in values for a in (*params, v, limit + 1)] + [limit + 1]
+        async with self.read(runs=runs) as tx:
+            rows = await tx.fetchall(sql, args)
         if len(rows) <= limit:
             return rows, None
         last = rows[limit - 1]
