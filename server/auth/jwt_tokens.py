@@ -109,21 +109,25 @@ class JwtVerifier:
             # TypeError/ValueError: PyJWT's word for a key that cannot check this token.
             raise JwtError(str(exc)) from exc
         # A claim given is read as given: a false, zero or empty one is not taken for
-        # one left out (a tenant_id of false read "tid"), and a time is a number
-        # (PyJWT reads "exp": "1700000000", text, as one).
+        # one left out (a tenant_id of false read "tid"), though null is (an identity
+        # provider's mapper writes it for "not set"); and a time is a number (PyJWT
+        # reads "exp": "1700000000", text, as one).
         for name in ("exp", "nbf", "iat"):
             if name in claims and not _number(claims[name]):
                 raise JwtError(f"{name} must be a number (RFC 7519)")
-        tenant = claims["tenant_id"] if "tenant_id" in claims else claims.get("tid")
+        tenant = claims.get("tenant_id")
+        tenant = claims.get("tid") if tenant is None else tenant
         if not isinstance(tenant, str) or not is_name(tenant):
             raise JwtError("token has no usable tenant_id claim")
         if not is_name(claims["sub"]):
             raise JwtError("token has no usable sub claim")
-        roles = claims.get("roles", [])
+        roles = claims.get("roles")
+        roles = [] if roles is None else roles
         scope = claims.get("scope")
         if scope is not None and not isinstance(scope, str):
             raise JwtError("scope must be a space-separated string")
-        scopes = claims["scopes"] if "scopes" in claims else (scope or "").split()
+        scopes = claims.get("scopes")
+        scopes = (scope or "").split() if scopes is None else scopes
         if not isinstance(roles, list) or not isinstance(scopes, list):
             raise JwtError("roles and scopes must be lists")
         if not all(is_name(name) for name in (*roles, *scopes)):

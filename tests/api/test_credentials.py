@@ -402,3 +402,18 @@ async def test_a_caller_holding_more_scopes_than_a_run_carries_names_the_runs(ap
     resp = await api.client.post("/runs", json=named, headers=bearer)
     assert resp.status_code == 201, resp.text
     assert resp.json()["context"]["scope"] == ["s7", "s9"]
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"tenant_id": None, "tid": "demo-retail"},
+        {"roles": None},
+        {"scopes": None},
+        {"scope": None},
+    ],
+)
+async def test_a_null_claim_is_one_left_out(api: Api, given: dict[str, Any]) -> None:
+    """What an identity provider's claim mapper writes for "not set"."""
+    resp = await status_with(api, jwt.encode(claims(**given), TEST_JWT_SECRET))
+    assert resp.status_code == 200, resp.text
