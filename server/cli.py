@@ -160,6 +160,8 @@ def _server_command(args: argparse.Namespace) -> int:
             try:
                 _event_loop_run()(_run_worker(settings, metrics_at, agents))
             except DATABASE_ERRORS as exc:  # reached, and refused: its schema set-up, say
+                if isinstance(exc, OSError):  # not the database's word: as it is
+                    raise
                 print(
                     f"agent-runtime worker: the database refused: {one_line(exc)}", file=sys.stderr
                 )
