@@ -2,7 +2,8 @@
 refused by uvicorn's parser before any app code runs, with a plain-text 400. This
 protocol gives them the problem+json every other error has, and refuses a request
 head (request line and headers) larger than :data:`MAX_HEAD_BYTES`, which httptools
-would otherwise buffer whole, however large, for a caller not yet authenticated.
+would otherwise buffer whole, however large, for a caller not yet authenticated; the
+same for a chunked body's trailers, which uvicorn keeps with the headers.
 
 It also sees a client hang up behind a request pipelined on its connection, and tells
 every request of the connection, not only the newest (uvicorn's): the stream the
@@ -23,7 +24,11 @@ from runtime.errors import Code
 from server.api.problems import problem_body
 
 MAX_HEAD_BYTES = 64 * 1024
-"""The most a request's line and headers may take (nginx allows 32 KiB by default)."""
+"""The most a request's line and headers may take (nginx allows 32 KiB by default), and
+the most its trailers may (httptools hands them over as headers, which uvicorn holds)."""
+CHUNK_FRAMING = 20
+"""What a chunk's size line and CRLFs may take before they count as unparsed (16 hex
+digits and two CRLFs)."""
 
 
 class ProblemHttpToolsProtocol(HttpToolsProtocol):
@@ -31,12 +36,21 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
     for a request it cannot parse as problem+json, and a 431 for too large a head."""
 
     _head_bytes = 0
-    """The current request's line and headers, as the parser has handed them over."""
+    """The current request's line and headers as the parser has handed them over; once
+    its head is complete, its trailers (a chunked body's headers, held as uvicorn's
+    request headers until the body ends)."""
     _unparsed = 0
-    """What its reads held besides bodies while its head was incomplete (the parser
-    holds a header until it ends)."""
-    _body_in_read = 0
-    """Body bytes the parser delivered from the read being parsed."""
+    """What its reads held that the parser has not handed over yet: the head while it
+    is incomplete (the parser holds a header until it ends), then a trailer not ended."""
+    _consumed = 0
+    """Bytes of the read being parsed that the parser has handed over: the heads (sized
+    as sent in canonical form, ``Name: value``), bodies, trailers and chunk framing of
+    the requests that began or went on in it."""
+    _begun_at: int | None = None
+    """Where in the read being parsed the current request began; None: in an earlier
+    read, so that the whole read is the current request's."""
+    _open = False
+    """A request has begun and its body has not ended."""
     _in_head = False
     _too_large = False
     _cycles: tuple[RequestResponseCycle, ...] = ()
@@ -53,31 +67,47 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
         self._parse(data)
 
     def _parse(self, data: bytes) -> None:
-        self._body_in_read = 0
+        self._consumed, self._begun_at = 0, None
         super().data_received(data)
-        # A head still incomplete once the parser has seen the read: what the read held
-        # besides a body counts (a pipelined head may share it with an earlier request,
-        # whose own head is counted with it: at most one more head).
-        if self._in_head and not self.transport.is_closing():
-            self._unparsed += len(data) - self._body_in_read
-            if self._unparsed > MAX_HEAD_BYTES:
-                self._refuse_head()
+        if not self._open or self.transport.is_closing():
+            return
+        # What the read held of the request still open counts, not the requests before
+        # it in the same read (hundreds of small pipelined ones are no large head).
+        if self._in_head:
+            self._unparsed += len(data) - (self._begun_at or 0)
+        else:
+            self._unparsed += max(0, len(data) - self._consumed)
+        if self._unparsed > MAX_HEAD_BYTES:
+            self._refuse_head()
 
     def on_message_begin(self) -> None:
         self._in_head, self._head_bytes, self._unparsed = True, 0, 0
+        self._open, self._begun_at = True, self._consumed
         super().on_message_begin()
+
+    def on_message_complete(self) -> None:
+        self._open = False
+        super().on_message_complete()
 
     def on_url(self, url: bytes) -> None:
         self._count(len(url))
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._in_head:  # not a chunked body's trailers
-            self._count(len(name) + len(value) + 4)  # ": " and CRLF
+        size = len(name) + len(value) + 4  # ": " and CRLF
+        self._count(size)
+        if not self._in_head:  # a trailer: no longer held by the parser
+            self._consumed += size
+            self._unparsed = 0
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        # METHOD SP url SP HTTP/1.1 CRLF, the headers, CRLF; what earlier reads held of
+        # it was counted in _unparsed.
+        head = len(self.parser.get_method()) + 14 + self._head_bytes
+        self._consumed += max(0, head - self._unparsed)
+        self._head_bytes = self._unparsed = 0  # from here on, the trailers
         super().on_headers_complete()
         unanswered = tuple(c for c in self._cycles if not c.response_complete)
         if self.cycle is not None and self.cycle not in unanswered:
@@ -105,12 +135,15 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def on_body(self, body: bytes) -> None:
-        self._body_in_read += len(body)
+        self._consumed += len(body)
         super().on_body(body)
 
+    def on_chunk_header(self) -> None:
+        self._consumed += CHUNK_FRAMING
+
     def _count(self, size: int) -> None:
-        """A head that arrived whole in one read: raising stops the parser, which
-        reports a callback error (send_400_response), answered as a 431."""
+        """A head (or trailers) that arrived whole in one read: raising stops the
+        parser, which reports a callback error (send_400_response), answered as a 431."""
         self._head_bytes += size
         if self._head_bytes > MAX_HEAD_BYTES:
             self._too_large = True
@@ -126,10 +159,14 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
         self._refuse(
             b"431 Request Header Fields Too Large",
             Code.HEADERS_TOO_LARGE,
-            f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
+            f"the request line and headers, or the trailers, exceed {MAX_HEAD_BYTES} bytes",
         )
 
     def _refuse(self, status: bytes, code: Code, msg: str) -> None:
+        if self.cycle is not None and self.cycle.response_started:
+            if not self.cycle.response_complete:  # a status line now would be its body
+                self.transport.close()
+                return
         body = json.dumps(problem_body(code, msg)).encode()
         content = [b"HTTP/1.1 " + status + b"\r\n"]
         for name, value in self.server_state.default_headers:

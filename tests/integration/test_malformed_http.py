@@ -4,11 +4,13 @@ and goes on serving."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -128,22 +130,26 @@ def test_a_head_that_never_ends_is_refused_once_past_the_cap(running: ServerProc
     assert b'"HEADERS_TOO_LARGE"' in answer
 
 
-def test_a_large_body_and_the_next_head_in_one_read_are_not_a_large_head(
-    running: ServerProcess,
-) -> None:
-    """Pipelined: a head begun in the read that ends a large body is counted without
-    that body (it was, and the head "exceeded" the cap: a 431, the first answer lost);
-    nor do a chunked body's trailers count as head."""
-    first = large_post()
-    with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
+def pipelined(server: ServerProcess, first: bytes) -> list[int]:
+    """Send ``first`` and the start of a GET /healthz head in one write, the head's end
+    in a second: the statuses answered."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(first + b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
         time.sleep(0.3)
         sock.sendall(b"Connection: close\r\n\r\n")
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
-    statuses = [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)]
-    assert statuses == [422, 200], answer[:300]
+    return [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)]
+
+
+def test_a_large_body_and_the_next_head_in_one_read_are_not_a_large_head(
+    running: ServerProcess,
+) -> None:
+    """Pipelined: a head begun in the read that ends a large body is counted without
+    that body (it was, and the head "exceeded" the cap: a 431, the first answer lost);
+    nor do a chunked body's trailers count as head."""
+    assert pipelined(running, large_post()) == [422, 200]
 
     big = b"X-Big: " + b"d" * (MAX_HEAD_BYTES - 2048) + b"\r\n"
     trailers = b"".join(b"X-T%d: %s\r\n" % (i, b"t" * 1000) for i in range(6))
@@ -156,3 +162,80 @@ def test_a_large_body_and_the_next_head_in_one_read_are_not_a_large_head(
     )
     status, _, _ = exchange(running, chunked)
     assert status == 200
+
+
+def test_many_small_pipelined_requests_are_not_a_large_head(running: ServerProcess) -> None:
+    """Only the head still incomplete counts towards the cap: a burst of small pipelined
+    requests, more bytes together than the cap, with the last head cut by the write, is
+    answered whole (it was a 431 once the burst passed the cap, the answers lost)."""
+    small = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    count = MAX_HEAD_BYTES // len(small) + 200
+    statuses = pipelined(running, small * count)
+    assert statuses == [200] * (count + 1), (len(statuses), set(statuses))
+
+
+def send_until_closed(
+    server: ServerProcess, start: bytes, more: bytes, answered: bytes = b""
+) -> bytes:
+    """Send ``start``, wait for the answer to hold ``answered``, then send ``more`` over
+    and over (at most 64 MiB) until the server answers and closes; what it answered."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(start)
+        answer = b""
+        while answered not in answer:
+            answer += sock.recv(65536)
+        with contextlib.suppress(OSError):  # the server closed: a reset, or a broken pipe
+            for _ in range((64 << 20) // len(more)):
+                sock.sendall(more)
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    return answer
+
+
+def rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0])
+
+
+CHUNKED = b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + (
+    b"5\r\nhello\r\n0\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    "more",
+    [b"X-T: " + b"t" * 50 + b"\r\n", b"t" * 4096],
+    ids=["endless trailers", "one endless trailer"],
+)
+def test_trailers_past_the_cap_are_refused(running: ServerProcess, more: bytes) -> None:
+    """A chunked body's trailers are header fields uvicorn holds until the body ends
+    (an unauthenticated caller grew the server by 630 MB with 170 MB of them): past
+    MAX_HEAD_BYTES the connection is answered and closed, and the server goes on."""
+    start = CHUNKED + (b"X-Endless: " if len(more) == 4096 else b"")
+    rss_before = rss_kib(running.pid)
+    answer = send_until_closed(running, start, more)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)[-1:] == [b"431"], answer[:300]
+    assert b'"HEADERS_TOO_LARGE"' in answer
+    assert rss_kib(running.pid) - rss_before < 32 * 1024  # it held nothing near 64 MiB
+    with running.client(OPS) as http:
+        assert http.get("/healthz").status_code == 200
+
+
+def test_trailers_past_the_cap_behind_a_streaming_answer_end_the_stream(
+    running: ServerProcess,
+) -> None:
+    """Refused while its answer streams: the connection is closed, with no status line
+    written into the middle of the stream (a client would read it as event data)."""
+    with running.client(OPS) as http:
+        created = http.post("/runs", json={"agent_id": "slow_worker", "input": "sleep 30"})
+        run_id = created.json()["run_id"]
+    start = (
+        f"GET /runs/{run_id}/events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
+        f"Authorization: {OPS['Authorization']}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n"
+    ).encode()
+    answer = send_until_closed(running, start, b"X-T: " + b"t" * 50 + b"\r\n", b"event: ")
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+    assert b"event: " in answer and b"HTTP/1.1 431" not in answer
+    with running.client(OPS) as http:
+        assert http.post(f"/runs/{run_id}/cancel").status_code in (200, 202)
