@@ -12,7 +12,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 from pydantic import ValidationError
 
-from nodes.not_run import in_call_order, not_run
+from nodes.not_run import in_call_order, not_run, proposed_calls
 from runtime import ids
 from runtime.budget import before_tools, limits_from
 from runtime.context import Context, services
@@ -114,15 +114,8 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
             for refusal in refusals:
                 await _refused(ctx, {**refusal, "recovery": Recovery.NONE})
             told = {r["tool_call_id"] for r in refusals} | {stop["tool_call_id"]}
-            proposed_calls = [
-                {
-                    "tool_call_id": ids.tool_call_id(ctx.run_id, step, i),
-                    "call_index": i,
-                    "tool": p.tool,
-                }
-                for i, p in enumerate(decision.tool_calls)
-            ]
-            others = [c for c in proposed_calls if c["tool_call_id"] not in told]
+            proposals = proposed_calls(ctx.run_id, step, decision)
+            others = [c for c in proposals if c["tool_call_id"] not in told]
             await not_run(ctx, step, others, f"the denial of {denied}", ended=True)
             return {"outcome": stop, "calls": []}
         for refusal in refusals:
@@ -132,18 +125,17 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
             # and which of its calls did not run for them.
             why = ", ".join(f"{r['tool']} {r['tool_call_id']}" for r in rejected)
             dropped = await not_run(ctx, step, calls, f"the refusal of {why}")
-            order = [
-                {"tool_call_id": ids.tool_call_id(ctx.run_id, step, i), "call_index": i}
-                for i in range(len(decision.tool_calls))
-            ]
             return {
                 "calls": [],
-                "observations": in_call_order(rejected + dropped, order),
+                "observations": in_call_order(
+                    rejected + dropped, proposed_calls(ctx.run_id, step, decision)
+                ),
                 "memory_version": state.get("memory_version", 0) + 1,
             }
         usage = Usage.model_validate(state.get("usage") or {})
         over = before_tools(usage, limits_from(state.get("limits")), len(calls), ctx.active_s())
         if over:
+            await not_run(ctx, step, calls, f"the budget ({over})", ended=True)
             return {"outcome": failed(Code.RUN_BUDGET_EXCEEDED, over), "calls": []}
         return {"calls": calls}
 

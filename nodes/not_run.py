@@ -1,5 +1,6 @@
 """Calls of a step that will not run: another call of it was refused (by the guard) or
-rejected (by a human), and the whole step went back to the planner, or the run ended.
+rejected (by a human), and the whole step went back to the planner, or the run ended;
+the budget ended the run; or the step's own decision was to finish or hand off.
 
 Each is put on the record (an error event, ``CALL_NOT_RUN``) and told to the planner
 (an observation), so that nothing a planner proposed, or a human approved, disappears
@@ -11,9 +12,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from runtime import ids
 from runtime.context import Context
 from runtime.errors import CODES, Code, Recovery
 from runtime.events import EventType
+from runtime.model import Decision
+
+
+def proposed_calls(run_id: str, step_index: int, decision: Decision) -> list[dict[str, Any]]:
+    """Each call ``decision`` proposed, as :func:`not_run` names it."""
+    return [
+        {"tool_call_id": ids.tool_call_id(run_id, step_index, i), "call_index": i, "tool": p.tool}
+        for i, p in enumerate(decision.tool_calls)
+    ]
 
 
 async def not_run(
@@ -23,14 +34,17 @@ async def not_run(
     because: str,
     *,
     ended: bool = False,
+    instead: str = "",
 ) -> list[dict[str, Any]]:
     """``calls``: each with its tool_call_id, call_index and tool; ``because``: what
-    sent the step back ("the rejection of …"), or, ``ended``, ended the run. Returns
-    their observations."""
+    sent the step back ("the rejection of …"), or, ``ended``, ended the run; or, with
+    ``instead``, what the step did instead ("the step's decision" … "was to finish").
+    Returns their observations."""
     went = "ended the run" if ended else "sent its step back to the planner"
     back = "its step went back to the planner"
-    message = f"not run: {because} {went}"
-    recovery = Recovery.NONE if ended else CODES[Code.CALL_NOT_RUN].recovery
+    message = f"not run: {because} {instead or went}"
+    recovery = Recovery.NONE if ended or instead else CODES[Code.CALL_NOT_RUN].recovery
+    summary = message if instead else f"not run: {'the run ended' if ended else back}"
     observations = []
     for call in calls:
         tc_id = call["tool_call_id"]
@@ -55,7 +69,7 @@ async def not_run(
                 "tool": call["tool"],
                 "status": Code.CALL_NOT_RUN.value,
                 "error": message,
-                "summary": f"not run: {'the run ended' if ended else back}",
+                "summary": summary,
             }
         )
     return observations

@@ -12,6 +12,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
+from nodes.not_run import not_run, proposed_calls
 from runtime.budget import after_plan, before_plan, limits_from
 from runtime.context import Context, services
 from runtime.errors import Code
@@ -84,7 +85,9 @@ def make_planner_node(
                     "usage": spent.model_dump(),
                 }
             if decision.kind == "tool_calls" and not decision.tool_calls:
-                decision = Decision(kind="finish", summary="no tool calls proposed")
+                # What it spent, answered and summed up stays: only its kind changes.
+                summary = decision.summary or "no tool calls proposed"
+                decision = decision.model_copy(update={"kind": "finish", "summary": summary})
             # Whose decision it is is the runtime's to say, not the planner's.
             decision = decision.model_copy(update={"agent_id": agent_id or ctx.agent_id})
             step = Step(
@@ -105,7 +108,7 @@ def make_planner_node(
                 "active_s": ctx.active_s(),
             }
         )
-        update = {
+        update: dict[str, Any] = {
             "step_index": step_index,
             "decision": decision.model_dump(mode="json"),
             "usage": usage.model_dump(),
@@ -114,10 +117,18 @@ def make_planner_node(
         # Spent past a limit: the decision is on the record, but neither its calls nor
         # its answer are acted on.
         over = after_plan(usage, limits)
-        return (
-            update
-            if over is None
-            else {**update, "outcome": failed(Code.RUN_BUDGET_EXCEEDED, over)}
-        )
+        calls = proposed_calls(ctx.run_id, step_index, decision)
+        if over is not None:
+            await not_run(ctx, step_index, calls, f"the budget ({over})", ended=True)
+            return {**update, "outcome": failed(Code.RUN_BUDGET_EXCEEDED, over)}
+        if calls and decision.kind != "tool_calls":
+            # A finish or a handoff that also proposes calls: they are not run, and say so
+            # (the planner sees why, should the finish be refused or the handoff return).
+            verb = "finish" if decision.kind == "finish" else "hand off"
+            told = await not_run(
+                ctx, step_index, calls, "the step's decision", instead=f"was to {verb}"
+            )
+            update["observations"] = told
+        return update
 
     return planner_node

@@ -148,5 +148,11 @@ async def test_guard_reserves_the_tool_budget(env: NodeEnv) -> None:
     update = await env.guard(decision, **state)
 
     assert update["outcome"]["code"] == "RUN_BUDGET_EXCEEDED" and update["calls"] == []
+    errors = [e.data for e in await env.store.list_events(env.run_id) if e.type == "error"]
+    assert [(e["code"], e["call_index"], e["recovery"]) for e in errors] == [
+        ("CALL_NOT_RUN", 0, "none"),
+        ("CALL_NOT_RUN", 1, "none"),
+    ]
+    assert errors[0]["message"].startswith("not run: the budget (max_tool_calls 2: 1 used")
     within = await env.guard(decision, limits=limits(budget={"max_tool_calls": 2}))
     assert len(within["calls"]) == 2

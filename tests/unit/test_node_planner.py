@@ -8,8 +8,9 @@ import pytest
 from langgraph.runtime import Runtime
 
 from nodes.planner import make_planner_node
+from runtime import ids
 from runtime.context import Context
-from runtime.model import Decision, DecisionUsage, Usage
+from runtime.model import Decision, DecisionUsage, Handoff, Usage
 from runtime.planner import PlannerView
 from tests.agents import call, finish
 from tests.unit.fakes import node_runtime
@@ -115,6 +116,59 @@ async def test_planner_turns_an_empty_tool_step_into_a_finish(env: NodeEnv) -> N
     assert update["decision"]["kind"] == "finish"
 
 
+async def test_an_empty_tool_step_turned_finish_keeps_what_it_spent_and_said(
+    env: NodeEnv,
+) -> None:
+    """Only its kind changes: its model call was charged nothing (and could go past the
+    token budget unnoticed), its answer and data were lost."""
+    spent = DecisionUsage(llm_calls=1, tokens=600)
+    empty = Decision(kind="tool_calls", answer="SKU-1", data={"n": 1}, usage=spent)
+    state = env.state(usage=Usage(llm_calls=1, tokens=100).model_dump())
+
+    update = await make_planner_node(CountingPlanner(empty), env.tools)(state, env.runtime)
+
+    decision = Decision.model_validate(update["decision"])
+    assert (decision.kind, decision.answer, decision.data) == ("finish", "SKU-1", {"n": 1})
+    assert (update["usage"]["llm_calls"], update["usage"]["tokens"]) == (2, 700)
+    tight = env.state(limits=limits(budget={"max_tokens": 500}))
+    over = await make_planner_node(CountingPlanner(empty), env.tools)(tight, env.runtime)
+    assert over["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
+
+
+@pytest.mark.parametrize(
+    ("decision", "instead"),
+    [
+        (finish("paid"), "was to finish"),
+        (
+            Decision(kind="handoff", handoff=Handoff(agent_id="helper", task="t")),
+            "was to hand off",
+        ),
+    ],
+)
+async def test_calls_beside_a_finish_or_a_handoff_are_said_not_to_run(
+    env: NodeEnv, decision: Decision, instead: str
+) -> None:
+    """Nothing proposed disappears unexplained: the step keeps the calls, the finish or
+    the handoff goes ahead, and each call gets its CALL_NOT_RUN, once on a replay."""
+    proposals = [*call("refund", amount=5).tool_calls, *call("echo", text="a", n=1).tool_calls]
+    both = decision.model_copy(update={"tool_calls": proposals})
+    node = make_planner_node(CountingPlanner(both, both), env.tools)
+
+    update = await node(env.state(), env.runtime)
+    await node(env.state(), env.runtime)  # replayed after a crash
+
+    assert "outcome" not in update and update["decision"]["kind"] == decision.kind
+    errors = [e.data for e in await env.store.list_events(env.run_id) if e.type == "error"]
+    assert [(e["code"], e["call_index"], e["recovery"]) for e in errors] == [
+        ("CALL_NOT_RUN", 0, "none"),
+        ("CALL_NOT_RUN", 1, "none"),
+    ]
+    assert errors[0]["message"] == f"not run: the step's decision {instead}"
+    assert errors[0]["tool_call_id"] == ids.tool_call_id(env.run_id, 0, 0)
+    observed = [(o["tool"], o["status"]) for o in update["observations"]]
+    assert observed == [("refund", "CALL_NOT_RUN"), ("echo", "CALL_NOT_RUN")]
+
+
 async def test_planner_stops_at_max_steps(env: NodeEnv) -> None:
     planner = CountingPlanner(finish("never"))
     state = env.state(usage=Usage(steps=2).model_dump(), limits=limits(max_steps=2))
@@ -153,6 +207,10 @@ async def test_a_decision_that_spent_past_a_limit_is_recorded_not_acted_on(
     assert update["outcome"]["message"].startswith(why)
     step = await env.store.get_step(env.run_id, 1)
     assert step is not None and step.decision.kind == decision.kind
+    errors = [e.data for e in await env.store.list_events(env.run_id) if e.type == "error"]
+    assert [(e["code"], e["recovery"]) for e in errors] == [("CALL_NOT_RUN", "none")] * len(
+        decision.tool_calls
+    )
 
 
 async def test_a_decision_that_uses_the_budget_up_exactly_goes_ahead(env: NodeEnv) -> None:
