@@ -25,6 +25,30 @@ from runtime.tooling import ToolResolver
 NodeFn = Any
 
 
+def thread_taken(state: RunState) -> str | None:
+    """Why a new input may not start planning on this thread: a thread is one run.
+
+    Only a LangGraph server (Studio, ``langgraph dev``) can get here: it applies an
+    input sent to a thread whose run has ended, or waits for a human, and starts at
+    the planner again. Planned on, an ended run's old answer stood under the new
+    question, and a parked step's approval was orphaned while its run went on (and
+    could still be approved from a fork: a second publish). The runtime's own drives
+    send an input only to a run with no checkpoint."""
+    outcome = state.get("outcome")
+    if outcome:
+        return (
+            f"this thread's run has ended ({outcome.get('status')}): a thread is one run, "
+            "start a new thread for a new input"
+        )
+    if state.get("calls"):  # a step's calls not yet run: only where a human is asked
+        return (
+            "this thread's run waits for a human's decision on its step, and a thread is "
+            "one run: the new input is refused. Resume the checkpoint that asked (a fork) "
+            "with Command(resume=...), or start a new thread for a new input"
+        )
+    return None
+
+
 def make_planner_node(
     planner: Planner,
     tools: ToolResolver,
@@ -36,6 +60,9 @@ def make_planner_node(
     state as :func:`nodes.handoff.scoped` sees it: its task as input, its observations."""
 
     async def planner_node(state: RunState, runtime: Runtime[Context]) -> dict[str, Any]:
+        taken = thread_taken(state)
+        if taken:
+            raise ValueError(taken)
         ctx = await services(runtime, state)
         usage = Usage.model_validate(state.get("usage") or {})
         limits = limits_from(state.get("limits"))

@@ -73,3 +73,46 @@ async def test_approval_interrupts_and_resumes(
     else:
         assert row.status == "rejected" and refunds == []
         assert final["outcome"]["code"] == "APPROVAL_REJECTED"
+
+
+async def test_a_new_input_on_a_thread_that_waits_or_has_ended_is_refused(
+    backend: Any, make_run: MakeRun, data_dir: Path
+) -> None:
+    """A thread is one run. A LangGraph server (Studio) applies a new input to a thread
+    and starts at the planner: on a parked run that orphaned its approval (the run went
+    on, and a fork could still approve it: a second refund); on an ended one, the old
+    answer stood under the new question."""
+    run = await make_run(backend.store)
+    refunds: list[int] = []
+    graph = build_run_graph(
+        ScriptPlanner(refund_then_finish), node_tools(data_dir, refunds), DefaultPolicy()
+    ).compile(checkpointer=backend.checkpointer)
+    config: Any = {"configurable": {"thread_id": run.run_id}}
+    ctx = Context(run_id=run.run_id, store=backend.store)
+    first: Any = {"input": "refund", "context": {"scope": []}, "usage": Usage().model_dump()}
+    await graph.ainvoke(first, config, context=ctx, durability="sync")
+    assert (await graph.aget_state(config)).next == ("approval",)
+
+    asked = (await graph.aget_state(config)).config
+
+    with pytest.raises(ValueError, match="waits for a human's decision"):
+        await graph.ainvoke(first | {"input": "again"}, config, context=ctx, durability="sync")
+    assert len(await backend.store.list_steps(run.run_id)) == 1
+    assert len(await backend.store.list_approvals(run_id=run.run_id)) == 1
+    # As the refusal says: the checkpoint that asked is resumed, and the run goes on.
+    resumed: Any = Command(resume={"decision": "approve"})
+    final = await graph.ainvoke(resumed, asked, context=ctx, durability="sync")
+    assert final["outcome"]["status"] == "succeeded" and refunds == [5]
+
+    ended = await make_run(backend.store)
+    config = {"configurable": {"thread_id": ended.run_id}}
+    ctx = Context(run_id=ended.run_id, store=backend.store)
+    graph = build_run_graph(
+        ScriptPlanner(lambda view: finish("done")), node_tools(data_dir, refunds), DefaultPolicy()
+    ).compile(checkpointer=backend.checkpointer)
+    done = await graph.ainvoke(first, config, context=ctx, durability="sync")
+    assert done["outcome"]["status"] == "succeeded"
+    with pytest.raises(ValueError, match=r"has ended \(succeeded\)"):
+        await graph.ainvoke(first | {"input": "another"}, config, context=ctx, durability="sync")
+    assert len(await backend.store.list_steps(ended.run_id)) == 1
+    assert refunds == [5]
