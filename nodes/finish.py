@@ -10,6 +10,7 @@ from runtime.context import Context, services
 from runtime.errors import CODES, Code
 from runtime.events import EventType
 from runtime.model import Decision
+from runtime.planner import handoff_tool
 from runtime.state import RunState
 
 NodeFn = Any
@@ -27,6 +28,17 @@ async def terminal_problems(state: RunState, ctx: Context) -> list[str]:
         if row.artifact_id and not await ctx.store.artifact_exists(row.artifact_id):
             problems.append(f"artifact {row.artifact_id} is not stored")
     return problems
+
+
+def artifacts_of(observations: list[dict[str, Any]]) -> list[str]:
+    """The artifacts an agent's work made: its calls', and those its sub-agents handed
+    back (a handback names one as ``artifact_id`` only when it is the only one)."""
+    made = {str(o["artifact_id"]) for o in observations if o.get("artifact_id")}
+    for o in observations:
+        output = o.get("output")
+        if str(o.get("tool", "")).startswith(handoff_tool("")) and isinstance(output, dict):
+            made.update(str(a) for a in output.get("artifacts") or [])
+    return sorted(made)
 
 
 def refusal(state: RunState, problems: list[str]) -> dict[str, Any]:
@@ -68,9 +80,7 @@ def make_finish_node() -> NodeFn:
                 "observations": [refusal(state, problems)],
                 "memory_version": state.get("memory_version", 0) + 1,
             }
-        artifacts = sorted(
-            {o["artifact_id"] for o in state.get("observations", []) if o.get("artifact_id")}
-        )
+        artifacts = artifacts_of(state.get("observations", []))
         return {
             "result": {
                 "answer": decision.answer,

@@ -19,7 +19,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from nodes.finish import record_refusal, refusal, terminal_problems
+from nodes.finish import artifacts_of, record_refusal, refusal, terminal_problems
 from runtime import ids
 from runtime.context import Context, services
 from runtime.errors import Code, Recovery
@@ -185,7 +185,7 @@ def make_handback_node() -> NodeFn:
                 frame,
             )
         mine = [o for o in state.get("observations", []) if o.get("frame") == frame["handoff_id"]]
-        artifacts = sorted({str(o["artifact_id"]) for o in mine if o.get("artifact_id")})
+        artifacts = artifacts_of(mine)
         result = {"answer": decision.answer, "data": decision.data, "artifacts": artifacts}
         caller = stack[-2] if len(stack) > 1 else None
         back = {
@@ -209,7 +209,9 @@ def make_handback_node() -> NodeFn:
                     "phase": "return",
                     "from_agent": frame["agent_id"],
                     "to_agent": frame["from_agent"],
-                    "step_index": state["step_index"],
+                    # The handoff's step, as its start, its observation and a failure's
+                    # answer say: a consumer pairs them, and reads the finish in the steps.
+                    "step_index": frame["step_index"],
                     "depth": frame["depth"],
                     "artifacts": artifacts,
                 },

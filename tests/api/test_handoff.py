@@ -79,8 +79,8 @@ async def test_sub_agent_result_returns_to_the_parent(api: Api) -> None:
     assert start["data"]["tool_call_id"] == back["data"]["tool_call_id"]
     assert start["data"]["tool_call_id"].startswith("ho-")
     assert back["data"]["status"] == "succeeded" and back["data"]["output"] == "slept"
-    assert start["data"]["handoff"]["step_index"] == 1
-    assert back["data"]["handoff"]["step_index"] == 4
+    # Both at the handoff's step, as a failure inside the sub-agent answers it.
+    assert start["data"]["handoff"]["step_index"] == back["data"]["handoff"]["step_index"] == 1
     # The sub-agent's tool calls happen between the two, as seen on the stream.
     acted = [
         e["data"]["tool"]

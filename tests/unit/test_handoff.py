@@ -10,6 +10,7 @@ from langgraph.types import Command
 from pydantic import ValidationError
 
 from graphs.run_graph import build_run_graph, hosted_agents
+from nodes.finish import make_finish_node
 from nodes.handoff import MAX_DEPTH, dispatch, make_handback_node, make_handoff_node
 from runtime import ids
 from runtime.agent import SubAgent
@@ -174,6 +175,40 @@ async def test_handback_pops_the_frame_and_answers_the_callers_step(env: NodeEnv
     assert event.data["artifact_id"] == art and event.data["output"] == "written"
     move = event.data["handoff"]
     assert (move["phase"], move["from_agent"], move["to_agent"]) == ("return", "writer", "boss")
+    assert move["step_index"] == 3  # the handoff's, as the observation's (not the finish's 5)
+
+
+@pytest.mark.parametrize("made", [1, 2], ids=["one artifact", "two artifacts"])
+async def test_artifacts_a_nested_sub_agent_made_reach_its_caller_and_the_run(
+    env: NodeEnv, made: int
+) -> None:
+    """A handback names an artifact as ``artifact_id`` only when it is the only one: two
+    made by a nested sub-agent were lost from the middle agent's and the run's result."""
+    arts = ["sha256:" + c * 64 for c in "ab"[:made]]
+    outer, inner = frame("ho-outer", "mid", step=0), frame("ho-inner", "writer", step=1, depth=2)
+    done = Decision(kind="finish", summary="done", answer="done")
+    wrote = [
+        {"step_index": 2, "tool": "write", "tool_call_id": art, "artifact_id": art} for art in arts
+    ]
+    inner_back = await make_handback_node()(
+        env.state(
+            done,
+            step_index=3,
+            handoff_stack=[outer, inner],
+            observations=[{**o, "frame": "ho-inner"} for o in wrote],
+        ),
+        env.runtime,
+    )
+    [to_mid] = inner_back["observations"]
+    outer_back = await make_handback_node()(
+        env.state(done, step_index=4, handoff_stack=[outer], observations=[to_mid]), env.runtime
+    )
+    [to_root] = outer_back["observations"]
+    assert to_root["output"]["artifacts"] == arts
+    finished = await make_finish_node()(
+        env.state(done, step_index=5, observations=[to_root]), env.runtime
+    )
+    assert finished["result"]["artifacts"] == arts
 
 
 async def test_handback_refused_while_an_approval_is_open(env: NodeEnv) -> None:
