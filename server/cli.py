@@ -132,8 +132,11 @@ def _server_command(args: argparse.Namespace) -> int:
         except (EmbeddedInUse, ValueError, OSError, ImportError, RuntimeError) as exc:
             print(f"agent-runtime {args.command}: {one_line(exc)}", file=sys.stderr)
             return 2
+        from runtime.dberrors import DATABASE_ERRORS
+
         if args.command == "serve":
             from server.app import create_app
+            from server.preflight import set_up_the_database
             from server.serving import bind, serve
 
             try:
@@ -145,6 +148,11 @@ def _server_command(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 2
+            try:
+                set_up_the_database(settings)
+            except DATABASE_ERRORS as exc:
+                listener.close()
+                return _database_refused(args.command, exc)
             app = create_app(settings, agents, run_worker=not args.no_worker)
             with listener:
                 if not serve(app, settings, listener):
@@ -155,18 +163,22 @@ def _server_command(args: argparse.Namespace) -> int:
             metrics_at = (
                 None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
             )
-            from runtime.dberrors import DATABASE_ERRORS
-
             try:
                 _event_loop_run()(_run_worker(settings, metrics_at, agents))
-            except DATABASE_ERRORS as exc:  # reached, and refused: its schema set-up, say
-                if isinstance(exc, OSError):  # not the database's word: as it is
-                    raise
-                print(
-                    f"agent-runtime worker: the database refused: {one_line(exc)}", file=sys.stderr
-                )
-                return 2
+            except DATABASE_ERRORS as exc:
+                return _database_refused(args.command, exc)
     return 0
+
+
+def _database_refused(command: str, exc: BaseException) -> int:
+    """The database reached, and refusing: its schema set-up, say. An OSError is not the
+    database's word: raised as it is."""
+    from server.settings import one_line
+
+    if isinstance(exc, OSError):
+        raise exc
+    print(f"agent-runtime {command}: the database refused: {one_line(exc)}", file=sys.stderr)
+    return 2
 
 
 def _event_loop_run() -> Callable[[Coroutine[Any, Any, None]], None]:

@@ -33,6 +33,22 @@ def preflight(settings: Settings, *, serves_api: bool) -> dict[str, AgentSpec]:
     return agents
 
 
+def set_up_the_database(settings: Settings) -> None:
+    """The store's schema set up now, before uvicorn starts the app: a database that
+    refuses it (a role that may create nothing) raises here, for ``serve`` to say in
+    one line; inside the app's start it was uvicorn's traceback of the lifespan. The
+    app's own start finds the schema current."""
+    import asyncio
+
+    from runtime.backend import open_backend
+
+    async def set_up() -> None:
+        backend = await open_backend(settings.resolved_database_url)
+        await backend.close()
+
+    asyncio.run(set_up())
+
+
 def make_data_dir(settings: Settings) -> None:
     """The data directory, made now: the host would make it inside its start."""
     from server.settings import os_error, refused

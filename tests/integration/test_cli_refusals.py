@@ -436,7 +436,10 @@ def no_create_privilege(pg_base_url: str) -> Iterator[str]:
             admin.execute(f"DROP ROLE {name}")
 
 
-@pytest.mark.parametrize("command", [("keys", "list"), ("prune", "--older-than", "1"), ("worker",)])
+@pytest.mark.parametrize(
+    "command",
+    [("keys", "list"), ("prune", "--older-than", "1"), ("worker",), ("serve", "--port", "0")],
+)
 def test_a_database_that_refuses_the_schema_set_up_is_said_in_one_line(
     tmp_path: Path, no_create_privilege: str, command: tuple[str, ...]
 ) -> None:
