@@ -247,6 +247,7 @@ class Client:
         failing_since: float | None = None
         delay_s = 1.0
         while True:
+            answered: ApiError | None = None  # the server's answer, where it gave one
             headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
             timeout = httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S)
             why: str
@@ -260,7 +261,7 @@ class Client:
                         # (429: the caller's streams are all open for now. A follow
                         # that stopped here would have the action it follows, already
                         # done, tried again by a script reading the exit code.)
-                        raise _Retry(str(error), _retry_after(resp))
+                        raise _Retry(error, _retry_after(resp))
                     parser = SseParser()
                     got_any = False
                     for event in parser.feed(resp.iter_lines()):
@@ -280,7 +281,7 @@ class Client:
                     return
                 why = "stream ended"
             except _Retry as exc:
-                why = str(exc)
+                answered, why = exc.error, str(exc)
                 delay_s = max(delay_s, exc.after_s)
             except NOT_SENDABLE:
                 raise
@@ -289,10 +290,13 @@ class Client:
             except ApiError as exc:
                 if exc.status is not None and exc.status < 500:
                     raise
-                why = str(exc)
+                answered, why = (exc if exc.status is not None else None), str(exc)
             now = time.monotonic()
             failing_since = failing_since or now
             if now - failing_since > reconnect_window_s:
+                if answered is not None:  # busy, or failing: not out of reach
+                    gave_up = f"{answered.detail} (still so after {reconnect_window_s:g} s)"
+                    raise ApiError(answered.status, {**answered.problem, "detail": gave_up})
                 raise ApiError.unreachable(
                     f"{self.base_url}/runs/{run_id}/events", ConnectionError(why)
                 )
@@ -306,8 +310,9 @@ class _Retry(Exception):
     """A 5xx or 429 answer on the stream: worth another try, ``after_s`` from now at
     the soonest."""
 
-    def __init__(self, why: str, after_s: float) -> None:
-        super().__init__(why)
+    def __init__(self, error: ApiError, after_s: float) -> None:
+        super().__init__(str(error))
+        self.error = error
         self.after_s = after_s
 
 

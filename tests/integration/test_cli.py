@@ -17,6 +17,7 @@ import pytest
 
 from runtime.backend import open_backend
 from runtime.store.audit import AuditEntry
+from server.client import ApiError, Client
 from tests.integration.server_proc import ROOT, ServerProcess
 
 QUESTION = "上周华东区销售下滑的主要 SKU 是什么？"
@@ -272,6 +273,34 @@ def test_a_follow_whose_stream_is_refused_for_now_waits_for_a_slot(
     assert events[-1]["data"]["to"] == "succeeded"
     listed = json.loads(cli(server, "--token", token, "runs", "--json").stdout)
     assert len(listed["items"]) == 2, listed  # the parked one, and the CLI's one
+
+
+def test_a_follow_refused_a_stream_for_good_says_so_not_unreachable(
+    server: ServerProcess,
+) -> None:
+    """A follow that gives up on 429s says the server's answer (it said "server
+    unreachable", sending its reader after the network)."""
+    server.env["AGENT_RUNTIME_MAX_STREAMS_PER_PRINCIPAL"] = "1"
+    start(server)
+    token = json.loads(
+        cli(server, "keys", "create", "--tenant", "t", "--user", "u", "--json").stdout
+    )["token"]
+    as_key = {"Authorization": f"Bearer {token}"}
+    with server.client(as_key) as http:
+        run_id = http.post("/runs", json={"agent_id": "slow_worker", "input": "sleep 30"}).json()[
+            "run_id"
+        ]
+        url = f"{server.base_url}/runs/{run_id}/events"
+        with (
+            httpx.stream("GET", url, headers=as_key, timeout=30) as held,
+            Client(server.base_url, token=token) as client,
+        ):
+            assert held.status_code == 200  # the caller's one slot
+            with pytest.raises(ApiError) as refused:
+                next(client.events(run_id, reconnect_window_s=1.0))
+        http.post(f"/runs/{run_id}/cancel")
+    assert refused.value.status == 429 and refused.value.code == "TOO_MANY_STREAMS"
+    assert "still so after 1 s" in refused.value.detail
 
 
 def test_keys_create_list_revoke(server: ServerProcess) -> None:
