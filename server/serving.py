@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import uvicorn
 from fastapi import FastAPI
 from uvicorn.config import STARTUP_FAILURE
 
+from server.api.trace import LogGone
 from server.settings import Settings
 from server.wire import PROTOCOLS
+
+
+class PrunedTraceIsNoError(logging.Filter):
+    """A trace cut off because retention pruned its run (:class:`LogGone`, raised mid-
+    body to drop the connection) is logged as one warning line: uvicorn logged it as an
+    ERROR with a traceback, as it does an app's bug, where nothing is wrong."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, LogGone):
+            record.msg, record.args = f"trace cut off: {exc}", ()
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_pruned_traces() -> None:
+    """After uvicorn has configured its logging (a ``uvicorn.Config`` does)."""
+    errors = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, PrunedTraceIsNoError) for f in errors.filters):
+        errors.addFilter(PrunedTraceIsNoError())
 
 
 class Server(uvicorn.Server):
@@ -57,6 +80,7 @@ def serve(app: FastAPI, settings: Settings, listener: socket.socket) -> bool:
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
         **PROTOCOLS,
     )
+    quiet_pruned_traces()
     try:
         Server(config, app).run(sockets=[listener])
     except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises it once done

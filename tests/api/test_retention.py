@@ -172,3 +172,27 @@ async def test_a_trace_whose_run_is_pruned_as_it_is_sent_is_cut_off_not_closed(
     with pytest.raises(LogGone):
         await api.client.get(f"/runs/{run_id}/trace")
     assert pages == 2
+
+
+def test_a_trace_cut_off_by_pruning_is_logged_as_a_warning_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What uvicorn logs for an exception in a response already under way: an ERROR with
+    a traceback, as for a bug; a trace cut off by retention is none."""
+    import logging
+
+    from server.api.trace import LogGone
+    from server.serving import quiet_pruned_traces
+
+    quiet_pruned_traces()
+    errors = logging.getLogger("uvicorn.error")
+    try:
+        raise LogGone("run r was pruned while its trace was sent")
+    except LogGone as exc:
+        with caplog.at_level(logging.INFO, logger="uvicorn.error"):
+            errors.error("Exception in ASGI application\n", exc_info=exc)
+            errors.error("Exception in ASGI application\n", exc_info=RuntimeError("a bug"))
+    cut, bug = caplog.records
+    assert (cut.levelname, cut.exc_info) == ("WARNING", None)
+    assert cut.getMessage() == "trace cut off: run r was pruned while its trace was sent"
+    assert bug.levelname == "ERROR" and bug.exc_info is not None
