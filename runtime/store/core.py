@@ -222,6 +222,7 @@ class StoreCore(ABC):
             change.fields,
             done_in=change.target,
             to=change.to,
+            at=change.at,
         )
 
     def defer_transition(
@@ -403,10 +404,12 @@ class StoreCore(ABC):
         last_seq: int,
         events: Sequence[tuple[EventType, dict[str, Any]]],
         dedupe_key: str | None = None,
+        ts: str | None = None,
     ) -> None:
-        """Insert ``events`` as the run's seqs up to ``last_seq`` (already counted in runs)."""
+        """Insert ``events`` as the run's seqs up to ``last_seq`` (already counted in runs),
+        stamped ``ts`` (now by default)."""
         first = last_seq - len(events) + 1
-        ts = _ts()
+        ts = ts or _ts()
         params: list[Any] = []
         rows = tx.rows.setdefault(run_id, [])
         for offset, (type_, data) in enumerate(events):
@@ -510,10 +513,12 @@ class StoreCore(ABC):
         fields: dict[str, Any],
         done_in: State | None = None,
         to: State | None = None,
+        at: str | None = None,
     ) -> Row:
         """Fire ``trigger``: one locked read of the run, one update that also counts the
-        events' seqs and returns the new row, one insert of the events. A run found in
-        ``done_in``, or past it in a terminal state, is left as it is."""
+        events' seqs and returns the new row, one insert of the events (stamped ``at``,
+        now by default). A run found in ``done_in``, or past it in a terminal state, is
+        left as it is."""
         row = await self._lock_run(tx, run_id, "state")
         if row is None:
             raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run_id} not found")
@@ -532,5 +537,5 @@ class StoreCore(ABC):
             [*(_enc_col(k, v) for k, v in fields.items()), len(all_events), run_id],
         )
         assert updated is not None, "the run row is locked"
-        await self._insert_events(tx, run_id, int(updated["last_seq"]), all_events)
+        await self._insert_events(tx, run_id, int(updated["last_seq"]), all_events, ts=at)
         return updated

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.lifecycle import State, Trigger, transition
+from runtime.store.codec import _ts
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,10 @@ class PendingTransition:
     fields: dict[str, Any] = field(default_factory=dict)
     to: State | None = None
     """The target, where the trigger may lead to more than one state."""
+    at: str = field(default_factory=_ts)
+    """When the state changed (the node started): its event's ``ts``, so that the write
+    carrying it, whose events were stamped before it took the change, does not show a
+    later time at a lower seq."""
 
     @property
     def target(self) -> State:

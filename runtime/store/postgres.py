@@ -267,8 +267,10 @@ class PostgresRunStore(PgSingleStatements):
         events: Sequence[tuple[EventType, dict[str, Any]]],
         fields: dict[str, Any],
         to: State | None = None,
+        at: str | None = None,
     ) -> tuple[str, list[Any], list[tuple[str, str, str]]]:
-        """(query, params, the events as stored) of a transition as one statement."""
+        """(query, params, the events as stored) of a transition as one statement;
+        ``at``: its events' time (now by default)."""
         target = transition(expect, trigger, to)
         fields, all_events = _transition_changes(expect, target, trigger, events, fields)
         sets = ", ".join(f"{k} = %s" for k in fields)
@@ -283,7 +285,7 @@ class PostgresRunStore(PgSingleStatements):
             fence = " AND lease_version = %s"
             params.append(self._fence[1])
         params.append(len(all_events))
-        ts = _ts()
+        ts = at or _ts()
         rows = []
         stored: list[tuple[str, str, str]] = []
         for ordinal, (type_, data) in enumerate(all_events, start=1):
@@ -324,7 +326,9 @@ class PostgresRunStore(PgSingleStatements):
         """
         async with self._ordered() as pending:
             statements = [
-                self._transition_statement(c.run_id, c.trigger, c.expect, (), c.fields, c.to)
+                self._transition_statement(
+                    c.run_id, c.trigger, c.expect, (), c.fields, c.to, at=c.at
+                )
                 for c in pending
             ]
             async with self.pool.connection() as conn:

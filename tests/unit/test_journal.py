@@ -19,6 +19,7 @@ import pytest
 
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
+from runtime.model import utcnow
 from runtime.store import journal
 from runtime.store.base import LeaseLost, Row, RunStore
 from runtime.store.sqlite import SqliteRunStore
@@ -84,6 +85,27 @@ async def test_a_deferred_transition_commits_with_the_next_write(
         (EventType.STATE, "planning"),
         (EventType.ACTION, None),
     ]
+
+
+@pytest.mark.usefixtures("slow_flush")
+async def test_a_deferred_change_is_stamped_when_it_happened(
+    backend: object, make_run: MakeRun
+) -> None:
+    """Not when the write carrying it was sent: on PostgreSQL that write's own events,
+    stamped before it took the change, showed an earlier time at a higher seq."""
+    store = store_of(backend)
+    run = await make_run(store)
+    view = await leased(store, run.run_id)
+    before = utcnow()
+    view.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
+    after = utcnow()
+    await asyncio.sleep(0.01)  # the node works a while before its first write
+
+    await view.start_tool_call(ledger_row(run.run_id), {"tool": "noop"})
+
+    _, planning, action = await store.list_events(run.run_id)
+    assert planning.data["to"] == "planning" and before <= planning.ts <= after
+    assert planning.ts < action.ts
 
 
 @pytest.mark.usefixtures("slow_flush")
