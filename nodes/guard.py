@@ -16,7 +16,7 @@ from nodes.not_run import in_call_order, not_run, proposed_calls
 from runtime import ids
 from runtime.budget import before_tools, limits_from
 from runtime.context import Context, services
-from runtime.errors import CODES, Code, Recovery
+from runtime.errors import CODES, Code, Recovery, call_error_key
 from runtime.events import EventType
 from runtime.model import Decision, Usage
 from runtime.policy import Policy
@@ -34,7 +34,7 @@ def _validation_message(exc: ValidationError) -> str:
 
 async def _refused(ctx: Context, refusal: dict[str, Any]) -> None:
     await ctx.store.append_event(
-        ctx.run_id, EventType.ERROR, refusal, dedupe_key=f"error:{refusal['tool_call_id']}"
+        ctx.run_id, EventType.ERROR, refusal, dedupe_key=call_error_key(refusal["tool_call_id"])
     )
 
 

@@ -12,19 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from runtime import ids
 from runtime.context import Context
-from runtime.errors import CODES, Code, Recovery
+from runtime.errors import CODES, Code, Recovery, call_error_key, not_run_error
 from runtime.events import EventType
-from runtime.model import Decision
+from runtime.ids import proposed_calls
 
-
-def proposed_calls(run_id: str, step_index: int, decision: Decision) -> list[dict[str, Any]]:
-    """Each call ``decision`` proposed, as :func:`not_run` names it."""
-    return [
-        {"tool_call_id": ids.tool_call_id(run_id, step_index, i), "call_index": i, "tool": p.tool}
-        for i, p in enumerate(decision.tool_calls)
-    ]
+__all__ = ["in_call_order", "not_run", "proposed_calls"]
 
 
 async def not_run(
@@ -51,16 +44,8 @@ async def not_run(
         await ctx.store.append_event(
             ctx.run_id,
             EventType.ERROR,
-            {
-                "code": Code.CALL_NOT_RUN.value,
-                "message": message,
-                # Never run, so in no ledger: where the step's decision proposed it.
-                "tool_call_id": tc_id,
-                "step_index": step_index,
-                "call_index": call["call_index"],
-                "recovery": recovery,
-            },
-            dedupe_key=f"error:{tc_id}",
+            not_run_error(call, step_index, message, recovery),
+            dedupe_key=call_error_key(tc_id),
         )
         observations.append(
             {

@@ -11,9 +11,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from runtime.errors import CODES, Code, RuntimeProblem, failure_error
+from runtime.errors import (
+    CODES,
+    Code,
+    Recovery,
+    RuntimeProblem,
+    call_error_key,
+    failure_error,
+    not_run_error,
+)
 from runtime.events import EventType
-from runtime.ids import handoff_key
+from runtime.ids import handoff_key, proposed_calls
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger, forward_trigger
 from runtime.model import Outcome, PendingApproval, Run, ToolCall
 from runtime.store.base import RunStore, readable_events
@@ -117,6 +125,35 @@ async def open_handoff_results(
     return results
 
 
+async def unexplained_calls(
+    store: RunStore, run_id: str, rows: list[ToolCall], named: str | None, code: Code
+) -> list[tuple[EventType, dict[str, Any]]]:
+    """A run ending in the middle of a step (a cancel while a call waits for its
+    approval, or after it was approved): a ``CALL_NOT_RUN`` error for each call the
+    step proposed that never reached the ledger and nothing else explains (a refusal,
+    a not-run of the node's own, a rejection, ``named``: the call the failure names),
+    so that nothing proposed or approved disappears unexplained."""
+    step_index = await store.count_steps(run_id) - 1
+    step = await store.get_step(run_id, step_index) if step_index >= 0 else None
+    if step is None or not step.decision.tool_calls or step.decision.kind != "tool_calls":
+        return []  # a finish's or a handoff's calls were said not to run as it was decided
+    # A human's rejection says itself why its call did not run (approval_result).
+    rejected = await store.list_approvals(run_id=run_id, status="rejected", limit=1000)
+    explained = {r.tool_call_id for r in rows} | {a.tool_call_id for a in rejected} | {named}
+    calls = [
+        c
+        for c in proposed_calls(run_id, step_index, step.decision)
+        if c["tool_call_id"] not in explained
+    ]
+    told = await store.keyed_events(run_id, [call_error_key(c["tool_call_id"]) for c in calls])
+    message = f"not run: the run ended ({code.value})"
+    return [
+        (EventType.ERROR, not_run_error(c, step_index, message, Recovery.NONE))
+        for c in calls
+        if call_error_key(c["tool_call_id"]) not in told
+    ]
+
+
 def _handoff_move(data: dict[str, Any]) -> bool:
     """``data`` is a handoff's ``action`` or ``result``, whole: one a hand edit left
     without what the answer is made of is passed over, not a failure made unrecordable."""
@@ -184,6 +221,7 @@ async def _fail_run(
         for r in await store.list_tool_calls(run_id)
     ]
     happened, compensated = effects_of(rows)
+    not_run = await unexplained_calls(store, run_id, rows, tool_call_id, code)
     outcome = Outcome(
         status="failed",
         code=code,
@@ -203,7 +241,7 @@ async def _fail_run(
         expect=run.state,
         code=code,
         calls=(closing, why),
-        events=[*unanswered, (EventType.ERROR, error)],
+        events=[*unanswered, *not_run, (EventType.ERROR, error)],
         fields={"outcome": outcome, "pending_approval": None, **progress},
     )
     # As it ended: failed here, or by whatever else ended it meanwhile.

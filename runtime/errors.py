@@ -9,8 +9,10 @@ says replan, a handoff to an agent it does not know) that is ``replan``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from runtime.lifecycle import Trigger
 
@@ -149,6 +151,27 @@ def failure_error(code: Code, message: str, *, compensated: bool) -> dict[str, s
     if recovery is Recovery.COMPENSATE and not compensated:
         recovery = Recovery.NONE
     return {"code": code.value, "message": message, "recovery": recovery.value}
+
+
+def call_error_key(tool_call_id: str) -> str:
+    """The dedupe key of the one error event that explains a call never run (refused,
+    or not run): a node replaying, or a run's end, writes it once."""
+    return f"error:{tool_call_id}"
+
+
+def not_run_error(
+    call: Mapping[str, Any], step_index: int, message: str, recovery: Recovery | str
+) -> dict[str, Any]:
+    """The ``CALL_NOT_RUN`` error event of ``call`` (its tool_call_id and call_index)."""
+    return {
+        "code": Code.CALL_NOT_RUN.value,
+        "message": message,
+        # Never run, so in no ledger: where the step's decision proposed it.
+        "tool_call_id": call["tool_call_id"],
+        "step_index": step_index,
+        "call_index": call["call_index"],
+        "recovery": recovery,
+    }
 
 
 class RuntimeProblem(Exception):

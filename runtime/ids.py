@@ -10,7 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from runtime.model import Decision
 
 
 def new_run_id() -> str:
@@ -23,6 +26,14 @@ def _digest(*parts: object, n: int = 16) -> str:
 
 def tool_call_id(run_id: str, step_index: int, call_index: int) -> str:
     return f"tc-{_digest(run_id, step_index, call_index)}"
+
+
+def proposed_calls(run_id: str, step_index: int, decision: Decision) -> list[dict[str, Any]]:
+    """Each call ``decision`` proposed at its step: its tool_call_id, call_index and tool."""
+    return [
+        {"tool_call_id": tool_call_id(run_id, step_index, i), "call_index": i, "tool": p.tool}
+        for i, p in enumerate(decision.tool_calls)
+    ]
 
 
 def handoff_id(run_id: str, step_index: int) -> str:

@@ -92,7 +92,11 @@ async def test_a_checkpoint_the_database_keeps_refusing_fails_the_run(
     assert final.outcome.side_effects == [calls[0].tool_call_id]
     assert len(counter_lines(data_dir)) == 1
     errors = [e.data for e in await host.store.list_events(run.run_id) if e.type == "error"]
-    assert [e["code"] for e in errors] == ["CHECKPOINT_ERROR"]
+    # The step decided after it (the sleep) never ran, and says so.
+    assert [(e["code"], e.get("step_index")) for e in errors] == [
+        ("CALL_NOT_RUN", 1),
+        ("CHECKPOINT_ERROR", None),
+    ]
     # Driven exactly MAX_FAILURES times, the waits between them doubling (the engine
     # wakes for a retry when it is due, not at its next sweep: a constant wait fails).
     failed = [r for r in caplog.records if r.getMessage().startswith(DRIVE_ERROR)]

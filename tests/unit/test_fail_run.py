@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from runtime import ids
 from runtime.adapter import fail_run
 from runtime.cancelling import CallSetting, CutOff, cut_off_usage, finish_cancel
-from runtime.errors import Code
+from runtime.errors import Code, call_error_key
+from runtime.events import EventType
 from runtime.lifecycle import State
-from runtime.model import Decision, Run, Step, ToolCall, Usage, utcnow
+from runtime.model import Decision, ProposedCall, Run, Step, ToolCall, Usage, utcnow
 from runtime.store.base import RunStore
 from runtime.tooling import ToolContext, ToolSpec
 from tests.unit.conftest import MakeRun
@@ -195,3 +197,45 @@ async def test_a_cut_charges_calls_started_once_and_a_re_run_not_again(
     charged = await cut_off_usage(store, run, CutOff(before))
 
     assert charged["tool_calls"] == 5
+
+
+async def test_a_run_ending_mid_step_says_which_proposed_calls_did_not_run(
+    backend: object, make_run: MakeRun
+) -> None:
+    """A cancel while a step's call waits for its approval, or right after a human
+    approved it: the step's calls that never reached the ledger were explained nowhere.
+    Each gets its CALL_NOT_RUN, but for those something explains already: one that ran,
+    one refused (its keyed error), one a human rejected, the one the failure names."""
+    store = store_of(backend)
+    run = await make_run(store, state=State.EXECUTING)
+    tools = ["counter", "wire", "ran", "refused", "rejected", "named"]
+    step = Decision(kind="tool_calls", tool_calls=[ProposedCall(tool=t, args={}) for t in tools])
+    await store.record_step(
+        Step(run_id=run.run_id, step_index=0, decision=step, started_at=utcnow())
+    )
+    tc = [ids.tool_call_id(run.run_id, 0, i) for i in range(len(tools))]
+    ran = ledger_row(run.run_id).model_copy(update={"tool_call_id": tc[2], "call_index": 2})
+    await store.start_tool_call(ran, {"tool": "ran"})
+    await store.append_event(
+        run.run_id,
+        EventType.ERROR,
+        {"code": "TOOL_ARGUMENT_INVALID", "tool_call_id": tc[3]},
+        dedupe_key=call_error_key(tc[3]),
+    )
+    decisions: list[tuple[int, Literal["approved", "rejected"]]] = [
+        (1, "approved"),
+        (4, "rejected"),
+    ]
+    for i, status in decisions:
+        asked = pending_approval(run.run_id, f"ap-{i}").model_copy(update={"tool_call_id": tc[i]})
+        await store.ensure_approval(asked, {})
+        await store.decide_approval(asked.approval_id, status, decided_by="u-mgr", comment=None)
+
+    final = await fail_run(store, run.run_id, Code.RUN_CANCELLED, "stop", tool_call_id=tc[5])
+
+    assert final is not None and final.state is State.FAILED
+    errors = [e.data for e in await store.list_events(run.run_id) if e.type == "error"]
+    not_run = [(e["tool_call_id"], e["recovery"]) for e in errors if e["code"] == "CALL_NOT_RUN"]
+    assert not_run == [(tc[0], "none"), (tc[1], "none")]
+    assert errors[-1]["code"] == "RUN_CANCELLED"
+    assert "not run: the run ended (RUN_CANCELLED)" in errors[-2]["message"]

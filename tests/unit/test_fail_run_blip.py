@@ -164,9 +164,10 @@ async def test_a_failure_at_the_drive_limit_whose_write_fails_once_ends_the_run(
     assert final.outcome.side_effects == [calls[0].tool_call_id]
     approvals = await host.store.list_approvals(run_id=run.run_id)
     assert [a.status for a in approvals] == ["approved", "expired"]
-    assert record(events)[-4:] == [
+    assert record(events)[-5:] == [
         ("approval_result", ("approved", "u-mgr")),
         ("approval_result", ("expired", "runtime")),
+        ("error", "CALL_NOT_RUN"),  # the second wire, never run
         ("error", "CHECKPOINT_ERROR"),
         ("state", "failed"),
     ]
@@ -246,9 +247,10 @@ async def test_a_cancel_of_a_parked_run_whose_failure_fails_once_ends_cancelled(
     approval = await host.store.get_approval(parked.pending_approval.approval_id)
     assert approval is not None and approval.status == "expired"
     events = await host.store.list_events(run.run_id)
-    assert record(events)[-4:] == [
+    assert record(events)[-5:] == [
         ("state", "waiting_human"),
         ("approval_result", ("expired", "runtime")),
+        ("error", "CALL_NOT_RUN"),  # the wire it was parked on
         ("error", "RUN_CANCELLED"),
         ("state", "failed"),
     ]
