@@ -252,6 +252,11 @@ class RunCommands:
         """The latest checkpoint of the run's graph, in the chapter's shape (DESIGN §6)."""
         config = {"configurable": {"thread_id": run.run_id}}
         snapshot = await self._graph(run).aget_state(config)
+        checkpoint_id = (snapshot.config or {}).get("configurable", {}).get("checkpoint_id")
+        if checkpoint_id is None and run.state in TERMINAL and run.usage.steps > 0:
+            # It had checkpoints: retention is pruning it (checkpoints first, then its rows,
+            # or a prune was stopped in between). Not a made-up empty state: gone.
+            raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run.run_id} is being pruned")
         values = snapshot.values or {}
         step = values.get("step_index", 0)
         memory_version = values.get("memory_version", 0)
@@ -261,7 +266,7 @@ class RunCommands:
             "run_id": run.run_id,
             "state": run.state.value,
             "step_index": step,
-            "checkpoint_id": (snapshot.config or {}).get("configurable", {}).get("checkpoint_id"),
+            "checkpoint_id": checkpoint_id,
             # An ended run goes on nowhere; a run ended from outside its graph (a cancel,
             # its time budget) or inside a sub-agent keeps the graph's last word on it.
             "next": [] if ended else list(snapshot.next),

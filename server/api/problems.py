@@ -17,6 +17,7 @@ from starlette.routing import Match
 
 from runtime.dberrors import unavailable
 from runtime.errors import CODES, Code, RuntimeProblem
+from server.api.trace import LogGone
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -151,5 +152,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s", request.url.path)
+        if isinstance(exc, LogGone):  # intended (see server.serving.PrunedTraceIsNoError)
+            log.warning("%s cut off: %s", request.url.path, exc)
+        else:
+            log.exception("unhandled error on %s", request.url.path)
         return problem_response(Code.INTERNAL_ERROR, "internal error", instance=request.url.path)

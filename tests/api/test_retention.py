@@ -4,6 +4,7 @@ checkpoints), artifacts only when no other run names them; nothing else is touch
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,7 @@ async def test_a_run_with_more_artifacts_than_a_statement_lists_goes_whole(api: 
 
 
 async def test_a_trace_whose_run_is_pruned_as_it_is_sent_is_cut_off_not_closed(
-    api: Api, monkeypatch: pytest.MonkeyPatch
+    api: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Closed, its JSON would read as the whole record with events missing."""
     from runtime.events import EventType
@@ -169,9 +170,26 @@ async def test_a_trace_whose_run_is_pruned_as_it_is_sent_is_cut_off_not_closed(
         return await shown_events(of, after, limit=limit)
 
     monkeypatch.setattr(store, "shown_events", pruned_after_the_first_page)
-    with pytest.raises(LogGone):
+    with caplog.at_level(logging.WARNING, logger="server.api.problems"), pytest.raises(LogGone):
         await api.client.get(f"/runs/{run_id}/trace")
     assert pages == 2
+    # Intended, not a bug: one warning line, no ERROR with a traceback.
+    [said] = [r for r in caplog.records if r.name == "server.api.problems"]
+    assert said.levelname == "WARNING" and said.exc_info is None
+    assert "was pruned while its trace was sent" in said.getMessage()
+
+
+async def test_a_run_whose_checkpoints_are_pruned_first_is_gone_not_made_up(api: Api) -> None:
+    """A prune deletes a run's checkpoints, then its rows (a prune stopped in between
+    leaves it so until the next): its checkpoint answered 200 with a made-up empty
+    state (step 0, no calls) for a run whose steps said otherwise."""
+    run_id, _ = await finished_demo_run(api)
+    await api.engine.checkpointer.adelete_thread(run_id)
+
+    answer = await api.client.get(f"/runs/{run_id}/checkpoint")
+
+    assert answer.status_code == 404 and answer.json()["code"] == "RUN_NOT_FOUND"
+    assert "being pruned" in answer.json()["detail"]
 
 
 def test_a_trace_cut_off_by_pruning_is_logged_as_a_warning_line(
