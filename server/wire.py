@@ -26,9 +26,6 @@ from server.api.problems import problem_body
 MAX_HEAD_BYTES = 64 * 1024
 """The most a request's line and headers may take (nginx allows 32 KiB by default), and
 the most its trailers may (httptools hands them over as headers, which uvicorn holds)."""
-CHUNK_FRAMING = 20
-"""What a chunk's size line and CRLFs may take before they count as unparsed (16 hex
-digits and two CRLFs)."""
 
 
 class ProblemHttpToolsProtocol(HttpToolsProtocol):
@@ -51,6 +48,8 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
     read, so that the whole read is the current request's."""
     _open = False
     """A request has begun and its body has not ended."""
+    _chunk = 0
+    """The data of the chunk being parsed, so far."""
     _in_head = False
     _too_large = False
     _cycles: tuple[RequestResponseCycle, ...] = ()
@@ -74,9 +73,11 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
         # What the read held of the request still open counts, not the requests before
         # it in the same read (hundreds of small pipelined ones are no large head).
         if self._in_head:
-            self._unparsed += len(data) - (self._begun_at or 0)
+            self._unparsed += max(0, len(data) - (self._begun_at or 0))
         else:
-            self._unparsed += max(0, len(data) - self._consumed)
+            # A running balance: framing split across reads is paid back when its chunk
+            # completes, in a later read.
+            self._unparsed = max(0, self._unparsed + len(data) - self._consumed)
         if self._unparsed > MAX_HEAD_BYTES:
             self._refuse_head()
 
@@ -136,10 +137,16 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._consumed += len(body)
+        self._chunk += len(body)
         super().on_body(body)
 
     def on_chunk_header(self) -> None:
-        self._consumed += CHUNK_FRAMING
+        self._chunk = 0
+
+    def on_chunk_complete(self) -> None:
+        # Its size line and the CRLF after its data (the last chunk's: "0", the final
+        # CRLF); a chunk extension is not counted, and counts as unparsed.
+        self._consumed += len(f"{self._chunk:x}") + 4
 
     def _count(self, size: int) -> None:
         """A head (or trailers) that arrived whole in one read: raising stops the
@@ -155,6 +162,18 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
         else:
             self._refuse(b"400 Bad Request", Code.MALFORMED_REQUEST, msg)
 
+    def _may_answer(self) -> bool:
+        """Whether a status line written now is read as the refused request's answer: not
+        while a response streams (it would be its data), nor while an earlier request
+        waits for its own (it would be taken for that one's)."""
+        unanswered = [c for c in self._cycles if not c.response_complete]
+        if self.cycle is not None and not self.cycle.response_complete:
+            unanswered += [] if self.cycle in unanswered else [self.cycle]
+        if self._in_head:  # a request of its own, not yet one of these
+            return not unanswered
+        mine = self.cycle is not None and not self.cycle.response_started
+        return not unanswered or (mine and unanswered == [self.cycle])
+
     def _refuse_head(self) -> None:
         self._refuse(
             b"431 Request Header Fields Too Large",
@@ -163,10 +182,9 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
         )
 
     def _refuse(self, status: bytes, code: Code, msg: str) -> None:
-        if self.cycle is not None and self.cycle.response_started:
-            if not self.cycle.response_complete:  # a status line now would be its body
-                self.transport.close()
-                return
+        if not self._may_answer():
+            self.transport.close()
+            return
         body = json.dumps(problem_body(code, msg)).encode()
         content = [b"HTTP/1.1 " + status + b"\r\n"]
         for name, value in self.server_state.default_headers:
