@@ -9,8 +9,8 @@ from langgraph.runtime import Runtime
 from runtime.context import Context, services
 from runtime.errors import CODES, Code
 from runtime.events import EventType
+from runtime.ids import HANDOFF_PREFIX
 from runtime.model import Decision
-from runtime.planner import handoff_tool
 from runtime.state import RunState
 
 NodeFn = Any
@@ -36,7 +36,8 @@ def artifacts_of(observations: list[dict[str, Any]]) -> list[str]:
     made = {str(o["artifact_id"]) for o in observations if o.get("artifact_id")}
     for o in observations:
         output = o.get("output")
-        if str(o.get("tool", "")).startswith(handoff_tool("")) and isinstance(output, dict):
+        handback = str(o.get("tool_call_id", "")).startswith(HANDOFF_PREFIX)  # not a tool's
+        if handback and isinstance(output, dict):
             made.update(str(a) for a in output.get("artifacts") or [])
     return sorted(made)
 

@@ -36,9 +36,13 @@ def proposed_calls(run_id: str, step_index: int, decision: Decision) -> list[dic
     ]
 
 
+HANDOFF_PREFIX = "ho-"
+"""Of a handoff id, the tool_call_id of its action and result (a tool call's is ``tc-``)."""
+
+
 def handoff_id(run_id: str, step_index: int) -> str:
     """A handoff is the step that decided it: one per step, so a replay finds the same one."""
-    return f"ho-{_digest('handoff', run_id, step_index)}"
+    return f"{HANDOFF_PREFIX}{_digest('handoff', run_id, step_index)}"
 
 
 def approval_id(tool_call_id: str) -> str:

@@ -205,8 +205,10 @@ async def test_artifacts_a_nested_sub_agent_made_reach_its_caller_and_the_run(
     )
     [to_root] = outer_back["observations"]
     assert to_root["output"]["artifacts"] == arts
+    # A tool of the handoff's name is not a handback: its output is no list of artifacts.
+    lookalike = {"tool": "handoff_to_x", "tool_call_id": "tc-1", "output": {"artifacts": ["z"]}}
     finished = await make_finish_node()(
-        env.state(done, step_index=5, observations=[to_root]), env.runtime
+        env.state(done, step_index=5, observations=[to_root, lookalike]), env.runtime
     )
     assert finished["result"]["artifacts"] == arts
 
