@@ -222,23 +222,35 @@ def test_trailers_past_the_cap_are_refused(running: ServerProcess, more: bytes) 
         assert http.get("/healthz").status_code == 200
 
 
+@contextlib.contextmanager
+def streamed_run(server: ServerProcess, head: bytes = b"") -> Iterator[bytes]:
+    """A run that goes on a while; the request head of its event stream, ``head`` added
+    (cancelled afterwards)."""
+    with server.client(OPS) as http:
+        created = http.post("/runs", json={"agent_id": "slow_worker", "input": "sleep 30"})
+        run_id = created.json()["run_id"]
+    yield (
+        (
+            f"GET /runs/{run_id}/events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
+            f"Authorization: {OPS['Authorization']}\r\n"
+        ).encode()
+        + head
+        + b"\r\n"
+    )
+    with server.client(OPS) as http:
+        assert http.post(f"/runs/{run_id}/cancel").status_code in (200, 202)
+
+
 def test_trailers_past_the_cap_behind_a_streaming_answer_end_the_stream(
     running: ServerProcess,
 ) -> None:
     """Refused while its answer streams: the connection is closed, with no status line
     written into the middle of the stream (a client would read it as event data)."""
-    with running.client(OPS) as http:
-        created = http.post("/runs", json={"agent_id": "slow_worker", "input": "sleep 30"})
-        run_id = created.json()["run_id"]
-    start = (
-        f"GET /runs/{run_id}/events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
-        f"Authorization: {OPS['Authorization']}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n"
-    ).encode()
-    answer = send_until_closed(running, start, b"X-T: " + b"t" * 50 + b"\r\n", b"event: ")
+    with streamed_run(running, b"Transfer-Encoding: chunked\r\n") as start:
+        trailer = b"X-T: " + b"t" * 50 + b"\r\n"
+        answer = send_until_closed(running, start + b"0\r\n", trailer, b"event: ")
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
     assert b"event: " in answer and b"HTTP/1.1 431" not in answer
-    with running.client(OPS) as http:
-        assert http.post(f"/runs/{run_id}/cancel").status_code in (200, 202)
 
 
 def test_a_refusal_behind_a_streaming_answer_and_a_queued_request_ends_the_stream(
@@ -247,22 +259,7 @@ def test_a_refusal_behind_a_streaming_answer_and_a_queued_request_ends_the_strea
     """Pipelined behind an event stream: a request queued, then bytes that are no HTTP.
     The 400 was written into the stream (the refusal looked only at the newest request,
     the queued one, whose answer had not started)."""
-    with running.client(OPS) as http:
-        created = http.post("/runs", json={"agent_id": "slow_worker", "input": "sleep 30"})
-        run_id = created.json()["run_id"]
-    start = (
-        f"GET /runs/{run_id}/events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
-        f"Authorization: {OPS['Authorization']}\r\n\r\n"
-    ).encode()
-    with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
-        sock.sendall(start)
-        answer = b""
-        while b"event: " not in answer:
-            answer += sock.recv(65536)
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE\r\n\r\n")
-        with contextlib.suppress(OSError):
-            while chunk := sock.recv(65536):
-                answer += chunk
+    queued_then_garbage = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE\r\n\r\n"
+    with streamed_run(running) as start:
+        answer = send_until_closed(running, start, queued_then_garbage, b"event: ")
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1 ") == 1, answer[-300:]
-    with running.client(OPS) as http:
-        assert http.post(f"/runs/{run_id}/cancel").status_code in (200, 202)
