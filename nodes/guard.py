@@ -12,12 +12,13 @@ from typing import Any
 from langgraph.runtime import Runtime
 from pydantic import ValidationError
 
-from nodes.not_run import in_call_order, not_run, proposed_calls
+from nodes.not_run import in_call_order, not_run
 from runtime import ids
 from runtime.budget import before_tools, limits_from
 from runtime.context import Context, services
-from runtime.errors import CODES, Code, Recovery, call_error_key
+from runtime.errors import CODES, Code, Recovery, call_error, call_error_key
 from runtime.events import EventType
+from runtime.ids import proposed_calls
 from runtime.model import Decision, Usage
 from runtime.policy import Policy
 from runtime.state import RunState, failed, run_context
@@ -96,17 +97,9 @@ def make_guard_node(tools: ToolResolver, policy: Policy) -> NodeFn:
                         "summary": message,
                     }
                 )
-                refusals.append(
-                    {
-                        "code": code,
-                        "message": message,
-                        # Never run, so in no ledger: where the step's decision proposed it.
-                        "tool_call_id": tc_id,
-                        "step_index": step,
-                        "call_index": index,
-                        "recovery": recovery or CODES[code].recovery,
-                    }
-                )
+                where = {"tool_call_id": tc_id, "call_index": index}
+                recovery = recovery or CODES[code].recovery
+                refusals.append(call_error(code, where, step, message, recovery))
         if stop is not None:
             # Nothing is replanned (a refusal before the denial said "replan", and the
             # rest of the step nothing): each refused call says why, with nothing to

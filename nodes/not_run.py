@@ -13,11 +13,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from runtime.context import Context
-from runtime.errors import CODES, Code, Recovery, call_error_key, not_run_error
+from runtime.errors import CODES, Code, Recovery, call_error, call_error_key
 from runtime.events import EventType
-from runtime.ids import proposed_calls
-
-__all__ = ["in_call_order", "not_run", "proposed_calls"]
 
 
 async def not_run(
@@ -44,7 +41,7 @@ async def not_run(
         await ctx.store.append_event(
             ctx.run_id,
             EventType.ERROR,
-            not_run_error(call, step_index, message, recovery),
+            call_error(Code.CALL_NOT_RUN, call, step_index, message, recovery),
             dedupe_key=call_error_key(tc_id),
         )
         observations.append(

@@ -12,10 +12,11 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from nodes.not_run import not_run, proposed_calls
+from nodes.not_run import not_run
 from runtime.budget import after_plan, before_plan, limits_from
 from runtime.context import Context, services
 from runtime.errors import Code
+from runtime.ids import proposed_calls
 from runtime.model import Decision, Step, Usage, utcnow
 from runtime.planner import Observation, Planner, PlannerView, llm_calls_of
 from runtime.state import RunState, failed, run_context

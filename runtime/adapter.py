@@ -16,9 +16,9 @@ from runtime.errors import (
     Code,
     Recovery,
     RuntimeProblem,
+    call_error,
     call_error_key,
     failure_error,
-    not_run_error,
 )
 from runtime.events import EventType
 from runtime.ids import handoff_key, proposed_calls
@@ -148,7 +148,7 @@ async def unexplained_calls(
     told = await store.keyed_events(run_id, [call_error_key(c["tool_call_id"]) for c in calls])
     message = f"not run: the run ended ({code.value})"
     return [
-        (EventType.ERROR, not_run_error(c, step_index, message, Recovery.NONE))
+        (EventType.ERROR, call_error(Code.CALL_NOT_RUN, c, step_index, message, Recovery.NONE))
         for c in calls
         if call_error_key(c["tool_call_id"]) not in told
     ]

@@ -159,12 +159,13 @@ def call_error_key(tool_call_id: str) -> str:
     return f"error:{tool_call_id}"
 
 
-def not_run_error(
-    call: Mapping[str, Any], step_index: int, message: str, recovery: Recovery | str
+def call_error(
+    code: Code, call: Mapping[str, Any], step_index: int, message: str, recovery: Recovery | str
 ) -> dict[str, Any]:
-    """The ``CALL_NOT_RUN`` error event of ``call`` (its tool_call_id and call_index)."""
+    """The error event of a proposed call that never ran (refused, or not run): ``call``
+    gives its tool_call_id and call_index."""
     return {
-        "code": Code.CALL_NOT_RUN.value,
+        "code": code.value,
         "message": message,
         # Never run, so in no ledger: where the step's decision proposed it.
         "tool_call_id": call["tool_call_id"],
