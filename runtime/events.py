@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -35,9 +36,10 @@ def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def result_event(row: ToolCall) -> dict[str, Any]:
-    """The ``result`` event of a ledger row that finished (or was closed)."""
-    return {
+def result_event(row: ToolCall, retried: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The ``result`` event of a ledger row that finished (or was closed); ``retried``:
+    why the attempts before its last failed, where some did (absent otherwise)."""
+    event: dict[str, Any] = {
         "tool_call_id": row.tool_call_id,
         "tool": row.tool,
         "status": row.status,
@@ -45,6 +47,9 @@ def result_event(row: ToolCall) -> dict[str, Any]:
         "artifact_id": row.artifact_id,
         "error": row.error,
     }
+    if retried:
+        event["retried"] = list(retried)
+    return event
 
 
 def is_terminal_event(event_type: str, data: dict[str, Any]) -> bool:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable
-from dataclasses import replace
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel
@@ -141,10 +141,24 @@ async def _reconcile_in_time(spec: ToolSpec, args: BaseModel, tctx: ToolContext)
         ) from None
 
 
+@dataclass
+class HandlerRun:
+    """What a handler's attempts came to, after bounded retries of transient faults."""
+
+    status: str
+    output: Any
+    error: dict[str, Any] | None
+    attempts: int
+    retried: list[dict[str, Any]]
+    """Why each attempt before the last failed (``attempt``, ``code``, ``message``):
+    the record says why a call took more than one."""
+
+
 async def _run_handler(
-    spec: ToolSpec, args: BaseModel, tctx: ToolContext
-) -> tuple[str, Any, dict[str, Any] | None, int]:
-    """(status, output, error, attempts) after bounded retries of transient faults.
+    spec: ToolSpec, args: BaseModel, tctx: ToolContext, first_attempt: int
+) -> HandlerRun:
+    """Run the handler, retrying transient faults; ``first_attempt``: the number of
+    this run's first attempt in the row's count (earlier drives may have made some).
 
     An error's message is the handler's own text, which may quote its arguments: the
     values of secret args are scrubbed from it before it reaches the ledger, events,
@@ -154,19 +168,25 @@ async def _run_handler(
     # come after the effect. The caller reconciles or marks the outcome unknown.
     max_attempts = 1 if spec.side_effect and not spec.idempotent else spec.max_attempts
     secrets = secret_values(spec, args)
+    retried: list[dict[str, Any]] = []
     attempt = 0
     while True:
         attempt += 1
         try:
             output = await asyncio.wait_for(spec.handler(args, tctx), spec.timeout_s)
-            return "succeeded", output, None, attempt
+            return HandlerRun("succeeded", output, None, attempt, retried)
         except ToolBusinessError as exc:
             error = {"code": Code.TOOL_BUSINESS_ERROR, "message": scrub(str(exc), secrets)}
-            return "failed", None, error, attempt
+            return HandlerRun("failed", None, error, attempt, retried)
         except (ToolUnavailable, TimeoutError) as exc:
             message = scrub(str(exc), secrets) or f"{spec.ref} timed out after {spec.timeout_s}s"
+            error = {"code": Code.TOOL_UNAVAILABLE, "message": message}
             if attempt >= max_attempts:
-                return "failed", None, {"code": Code.TOOL_UNAVAILABLE, "message": message}, attempt
+                return HandlerRun("failed", None, error, attempt, retried)
+            # Bounded: a handler's text may be long, and max_attempts of them go in one event.
+            retried.append(
+                {**error, "message": summarize(message), "attempt": first_attempt + attempt - 1}
+            )
             delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
             await asyncio.sleep(delay * (0.5 + random.random()))
         except (asyncio.CancelledError, ServiceUnavailable):
@@ -177,7 +197,8 @@ async def _run_handler(
                 log.error("tool %s failed: %s", spec.ref, message)
             else:
                 log.exception("tool %s failed", spec.ref)
-            return "failed", None, {"code": Code.TOOL_FAILED, "message": message}, attempt
+            error = {"code": Code.TOOL_FAILED, "message": message}
+            return HandlerRun("failed", None, error, attempt, retried)
 
 
 async def _finish(
@@ -188,6 +209,7 @@ async def _finish(
     error: dict[str, Any] | None,
     attempts: int,
     artifacts: ArtifactSink,
+    retried: Sequence[dict[str, Any]] = (),
 ) -> ToolCall:
     artifact_ref = None
     if output is not None:
@@ -210,6 +232,7 @@ async def _finish(
         error=error,
         artifact_id=artifact_ref,
         attempts=row.attempts + attempts,
+        retried=retried,
     )
 
 
@@ -393,10 +416,11 @@ async def _run_claimed(
     # closes it with interrupt_running_calls.
     try:
         failpoints.hit("tool.before", spec.name)
-        status, output, error, attempts = await _run_handler(spec, args, tctx)
+        ran = await _run_handler(spec, args, tctx, current.attempts)
     except BaseException:
         breaker.trial_in_flight = False  # cancelled: says nothing about the tool
         raise
+    status, output, error = ran.status, ran.output, ran.error
     breaker.record(unavailable=(error or {}).get("code") == Code.TOOL_UNAVAILABLE)
     failpoints.hit("tool.after", spec.name)
     if (
@@ -426,7 +450,9 @@ async def _run_claimed(
     # Once the handler has returned, its outcome must reach the ledger, and before a
     # cancellation goes on: a cancel then settles the calls it finds still running. A
     # database blip meanwhile must not lose it (see runtime.recording).
-    finished = Finished(current.run_id, current.attempts, status, output, error, attempts - 1)
+    finished = Finished(
+        current.run_id, current.attempts, status, output, error, ran.attempts - 1, ran.retried
+    )
     return await to_the_end(_record(store, current, finished, tctx, recording))
 
 
@@ -444,4 +470,6 @@ def write_outcome(
     store: NodeStore, row: ToolCall, done: Finished, artifacts: ArtifactSink
 ) -> Awaitable[ToolCall]:
     """One write of ``done``, the outcome of ``row``'s handler (its artifact first)."""
-    return _finish(store, row, done.status, done.output, done.error, done.tries, artifacts)
+    return _finish(
+        store, row, done.status, done.output, done.error, done.tries, artifacts, done.retried
+    )

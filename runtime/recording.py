@@ -23,7 +23,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -61,6 +61,8 @@ class Finished:
     error: dict[str, Any] | None
     tries: int
     """Further attempts the handler made itself (retries of transient faults)."""
+    retried: Sequence[dict[str, Any]] = ()
+    """Why each of the attempts before its last failed (runtime.ledger.HandlerRun)."""
 
 
 class Unrecorded:

@@ -28,11 +28,18 @@ class ToolCallWriter(Protocol):
     ) -> ToolCall: ...
 
 
-async def close_call(store: ToolCallWriter, row: ToolCall, **changes: Any) -> ToolCall:
+async def close_call(
+    store: ToolCallWriter,
+    row: ToolCall,
+    *,
+    retried: Sequence[dict[str, Any]] = (),
+    **changes: Any,
+) -> ToolCall:
     """Move a running ledger row on by ``changes``, with its result event made from the
     row as changed: one list of changes, so the log and the ledger cannot disagree (an
-    event built from a copy with the status alone said ``error: null`` twice)."""
-    event = result_event(row.model_copy(update=changes))
+    event built from a copy with the status alone said ``error: null`` twice).
+    ``retried``: why the attempts before the last failed, for the event alone."""
+    event = result_event(row.model_copy(update=changes), retried)
     return await store.update_tool_call(row.tool_call_id, result=event, **changes)
 
 

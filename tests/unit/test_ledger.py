@@ -75,7 +75,7 @@ class Harness:
         args = {"label": "x"}
         return new_ledger_row(self.run_id, 0, 0, tc_id, spec, args, ids.content_hash(args))
 
-    async def execute(self, spec: ToolSpec) -> ToolCall:
+    async def execute(self, spec: ToolSpec, args: BaseModel | None = None) -> ToolCall:
         row = self.row(spec)
         tctx = ToolContext(
             run_id=self.run_id,
@@ -85,7 +85,7 @@ class Harness:
             artifacts=StoreArtifacts(self.store, self.run_id),
         )
         action = {"tool_call_id": row.tool_call_id, "tool": spec.name}
-        return await execute_once(self.store, spec, row, Args(label="x"), tctx, action)
+        return await execute_once(self.store, spec, row, args or Args(label="x"), tctx, action)
 
     async def leave_running(self, spec: ToolSpec) -> ToolCall:
         """A row as a process that died mid-call leaves it: running, attempt counted."""
@@ -214,6 +214,92 @@ async def test_unavailable_tool_is_retried_then_failed(h: Harness) -> None:
     assert len(h.ran) == 3 and len(set(h.ran)) == 1
     assert row.status == "failed" and row.attempts == 3
     assert row.error == {"code": "TOOL_UNAVAILABLE", "message": "down"}
+
+
+def flaky_spec(h: Harness, faults: list[Exception], **kwargs: Any) -> ToolSpec:
+    """A tool that raises each of ``faults`` in turn, then answers."""
+    left = list(faults)
+
+    async def handler(args: Args, ctx: ToolContext) -> Any:
+        h.ran.append(ctx.idempotency_key)
+        if left:
+            raise left.pop(0)
+        return {"ok": True}
+
+    return ToolSpec("probe", "1", "test tool", Args, handler, **kwargs)
+
+
+async def result_of(h: Harness) -> dict[str, Any]:
+    [result] = [e.data for e in await h.store.list_events(h.run_id) if e.type == "result"]
+    return result
+
+
+async def test_a_retried_call_says_why_each_earlier_attempt_failed(h: Harness) -> None:
+    faults: list[Exception] = [ToolUnavailable("503 from the warehouse"), TimeoutError()]
+    spec = flaky_spec(h, faults, max_attempts=3, timeout_s=5)
+
+    row = await h.execute(spec)
+
+    assert len(h.ran) == 3 and row.status == "succeeded" and row.attempts == 3
+    result = await result_of(h)
+    assert result["status"] == "succeeded" and result["error"] is None
+    assert result["retried"] == [
+        {"attempt": 1, "code": "TOOL_UNAVAILABLE", "message": "503 from the warehouse"},
+        {"attempt": 2, "code": "TOOL_UNAVAILABLE", "message": "probe@1 timed out after 5s"},
+    ]
+
+
+async def test_a_call_that_ran_out_of_attempts_says_why_each_failed(h: Harness) -> None:
+    spec = flaky_spec(h, [ToolUnavailable(f"down {i}") for i in range(1, 4)], max_attempts=3)
+
+    row = await h.execute(spec)
+
+    assert row.status == "failed" and row.error == {"code": "TOOL_UNAVAILABLE", "message": "down 3"}
+    result = await result_of(h)
+    assert result["error"] == row.error  # the last: the ledger's
+    assert [(r["attempt"], r["message"]) for r in result["retried"]] == [
+        (1, "down 1"),
+        (2, "down 2"),
+    ]
+
+
+async def test_a_call_run_once_has_no_retries_on_record(h: Harness) -> None:
+    row = await h.execute(flaky_spec(h, [], max_attempts=3))
+
+    assert row.status == "succeeded" and "retried" not in await result_of(h)
+
+
+async def test_retries_are_numbered_after_an_earlier_drives_attempt(h: Harness) -> None:
+    spec = flaky_spec(h, [ToolUnavailable("still down")], max_attempts=3, idempotent=True)
+    await h.leave_running(spec)  # attempt 1, by a process that died
+
+    row = await h.execute(spec)
+
+    assert row.status == "succeeded" and row.attempts == 3
+    assert (await result_of(h))["retried"] == [
+        {"attempt": 2, "code": "TOOL_UNAVAILABLE", "message": "still down"}
+    ]
+
+
+async def test_a_retried_attempts_message_is_scrubbed_and_bounded(h: Harness) -> None:
+    class Secret(BaseModel):
+        label: str = "x"
+        token: str = "s3cr3t-value"
+
+    async def handler(args: Secret, ctx: ToolContext) -> Any:
+        if not h.ran:
+            h.ran.append("once")
+            raise ToolUnavailable(f"refused {args.token} " + "x" * 5000)
+        return {"ok": True}
+
+    spec = ToolSpec(
+        "probe", "1", "test tool", Secret, handler, max_attempts=2, secret_args=frozenset({"token"})
+    )
+    await h.execute(spec, Secret())
+
+    [retry] = (await result_of(h))["retried"]
+    assert "s3cr3t-value" not in retry["message"] and retry["message"].startswith("refused ")
+    assert len(retry["message"]) < 1000
 
 
 async def test_business_error_fails_without_retry(h: Harness) -> None:
