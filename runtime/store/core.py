@@ -59,6 +59,15 @@ class Tx(Protocol):
 ENDED = "state IN ({})".format(", ".join(f"'{state.value}'" for state in sorted(TERMINAL)))
 """SQL: the run has ended (its state is terminal)."""
 
+ENDED_LEASE: dict[str, Any] = {
+    "lease_owner": None,
+    "lease_expires_at": None,
+    "drive_failures": 0,
+    "takeovers": 0,
+}
+"""The lease columns of a run that has ended: released (its version stays, for the
+drive that ended it to tell its lease from a takeover)."""
+
 
 class LeaseLost(Exception):
     """This worker's lease on the run was taken over: it must stop writing to the run."""
@@ -73,7 +82,9 @@ def _transition_changes(
 ) -> tuple[dict[str, Any], list[tuple[EventType, dict[str, Any]]]]:
     """The run columns a transition writes and the events it appends, state event last."""
     if target in (State.SUCCEEDED, State.FAILED):
-        fields = {**fields, "ended_at": utcnow(), "needs_drive": 0}
+        # An ended run is nobody's: its lease goes with the end, as a release would let
+        # it go, so a worker killed between the two leaves no owner on a finished run.
+        fields = {**fields, "ended_at": utcnow(), "needs_drive": 0, **ENDED_LEASE}
     elif target is State.WAITING_HUMAN:
         # Parked: nothing to drive until a human decides (decide_approval sets it again).
         fields = {**fields, "needs_drive": 0}

@@ -282,12 +282,18 @@ class LeaseQueries(StoreCore):
         held: set[str] = set()
         async with self.tx() as tx:
             for run_id, version, active_s in leases:
+                # A run its drive has just ended gave its lease up with the end, and the
+                # drive is on its way out: held still (no takeover bumped the version),
+                # not a lease lost to stop the drive for, and nothing to extend.
                 got = await tx.fetchone(
-                    f"UPDATE runs SET lease_expires_at = {self.now_sql} + ?, "
-                    "active_s = COALESCE(?, active_s) "
-                    "WHERE run_id = ? AND lease_owner = ? AND lease_version = ? "
+                    "UPDATE runs SET lease_expires_at = CASE WHEN lease_owner IS NULL "
+                    f"THEN NULL ELSE {self.now_sql} + ? END, "
+                    "active_s = CASE WHEN lease_owner IS NULL THEN active_s "
+                    "ELSE COALESCE(?, active_s) END "
+                    "WHERE run_id = ? AND lease_version = ? "
+                    f"AND (lease_owner = ? OR (lease_owner IS NULL AND {ENDED})) "
                     "RETURNING run_id",
-                    (lease_s, active_s, run_id, owner, version),
+                    (lease_s, active_s, run_id, version, owner),
                 )
                 if got is not None:
                     held.add(run_id)

@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 import pytest
 
+from runtime.adapter import fail_run
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
@@ -641,7 +642,8 @@ async def test_an_ended_run_takes_no_cancel_and_is_never_claimed_again(
     assert await store.request_cancel(run_id, "late", compensate=False)  # still live
     await store.transition(run_id, Trigger.DONE, expect=State.EXECUTING)
 
-    assert await store.release_lease(run_id, "w1", version, needs_drive=None) is False
+    # (The end let the lease go: the drive's release finds nothing of its own to give back.)
+    assert await store.release_lease(run_id, "w1", version, needs_drive=None) is None
     assert await store.claim_runs("w2", 1, 30.0) == []
     assert not await store.request_cancel(run_id, "later", compensate=False)
     assert await store.claim_runs("w2", 1, 30.0) == []
@@ -656,8 +658,66 @@ async def test_an_ended_run_takes_no_cancel_and_is_never_claimed_again(
         (Trigger.DONE, State.EXECUTING),
     ):
         await store.transition(other_id, trigger, expect=expect)
-    assert await store.release_lease(other_id, "w1", version, needs_drive=True) is False
+    assert await store.release_lease(other_id, "w1", version, needs_drive=True) is None
     assert await store.claim_runs("w2", 1, 30.0) == []
+
+
+@pytest.mark.parametrize("ending", ["succeeded", "failed"])
+async def test_a_runs_end_lets_its_lease_go_in_the_same_write(
+    backend: object, make_run: MakeRun, ending: str
+) -> None:
+    """A worker killed between a run's end and its release left the finished run owned
+    (seen after SIGKILLs: a stale lease_owner on succeeded runs)."""
+    store = store_of(backend)
+    run = await make_run(store)
+    [(run_id, version)] = await store.claim_runs("w1", 1, 30.0)
+    assert run_id == run.run_id
+    drive = store.fenced(run_id, version)
+    await drive.transition(run_id, Trigger.START, expect=State.PENDING)
+    if ending == "succeeded":
+        await drive.transition(run_id, Trigger.PLAN_READY, expect=State.PLANNING)
+        await drive.transition(run_id, Trigger.DONE, expect=State.EXECUTING)
+    else:
+        await fail_run(drive, run_id, Code.PLANNER_ERROR, "the model is gone")
+
+    ended = await store.get_run(run_id)
+    assert ended is not None and ended.state.value == ending
+    lease = await store.lease_of(run_id)
+    assert lease is not None
+    assert (lease["lease_owner"], lease["remaining_s"], lease["lease_version"]) == (
+        None,
+        None,
+        version,
+    )
+    assert await store.claim_runs("w2", 1, 30.0) == []
+
+
+async def test_a_lease_the_runs_end_let_go_is_renewed_as_held_and_left_alone(
+    backend: object, make_run: MakeRun
+) -> None:
+    """The heartbeat may renew between a run's end and its drive's exit: the lease is
+    not lost to anyone (its version is the drive's), so the drive must not be stopped
+    as if taken over; the renewal extends nothing on a run that has ended."""
+    store = store_of(backend)
+    run = await make_run(store)
+    [(run_id, version)] = await store.claim_runs("w1", 1, 30.0)
+    assert run_id == run.run_id
+    drive = store.fenced(run_id, version)
+    await drive.transition(run_id, Trigger.START, expect=State.PENDING)
+    await drive.transition(run_id, Trigger.PLAN_READY, expect=State.PLANNING)
+    await drive.transition(run_id, Trigger.DONE, expect=State.EXECUTING)
+
+    assert await store.renew_leases("w1", [(run_id, version, 9.0)], 30.0) == {run_id}
+    lease = await store.lease_of(run_id)
+    assert lease is not None and lease["lease_owner"] is None and lease["remaining_s"] is None
+    found = await store.get_run_to_drive(run_id)
+    assert found is not None and found.active_s != 9.0
+    # Another version's, or another owner's live lease, is not held.
+    assert await store.renew_leases("w1", [(run_id, version + 1, None)], 30.0) == set()
+    live = await make_run(store)
+    [(live_id, live_version)] = await store.claim_runs("w2", 1, 30.0)
+    assert live_id == live.run_id
+    assert await store.renew_leases("w1", [(live_id, live_version, None)], 30.0) == set()
 
 
 async def test_a_second_cancel_adds_compensation_until_the_drive_decides(
