@@ -21,6 +21,12 @@ class JwtError(Exception):
     """The token is not a valid JWT for this server; the message says why."""
 
 
+CLOCK_SKEW_S = 30
+"""How far the identity provider's clock may be off ours, either way, for ``exp``,
+``nbf`` and ``iat``: with none, a provider a second ahead had its fresh tokens
+refused as not yet valid (iat) now and then."""
+
+
 class JwtVerifier:
     def __init__(self, settings: Settings) -> None:
         self.issuer = settings.jwt_issuer
@@ -103,6 +109,7 @@ class JwtVerifier:
                 algorithms=[alg],
                 issuer=self.issuer,
                 audience=self.audience,
+                leeway=CLOCK_SKEW_S,
                 options={"require": ["exp", "sub"], "verify_aud": self.audience is not None},
             )
         except (jwt.PyJWTError, TypeError, ValueError) as exc:

@@ -113,7 +113,9 @@ async def test_a_key_is_refused_a_name_no_token_could_carry(
 @pytest.mark.parametrize(
     ("make", "why"),
     [
-        (lambda: jwt.encode(claims(exp=int(time.time()) - 5), TEST_JWT_SECRET), "expired"),
+        (lambda: jwt.encode(claims(exp=int(time.time()) - 45), TEST_JWT_SECRET), "expired"),
+        (lambda: jwt.encode(claims(nbf=int(time.time()) + 45), TEST_JWT_SECRET), "not yet"),
+        (lambda: jwt.encode(claims(iat=int(time.time()) + 45), TEST_JWT_SECRET), "not yet"),
         (lambda: jwt.encode(claims(), "some-other-secret-of-enough-length"), "Signature"),
         (
             lambda: jwt.encode({k: v for k, v in claims().items() if k != "exp"}, TEST_JWT_SECRET),
@@ -163,6 +165,19 @@ async def test_bad_jwts_are_401(api: Api, make: Any, why: str) -> None:
     resp = await status_with(api, make())
     problem(resp, 401, "UNAUTHENTICATED")
     assert why in resp.json()["detail"]
+
+
+@pytest.mark.parametrize("claim", ["iat", "nbf"])
+async def test_a_token_from_a_clock_a_little_ahead_is_taken(api: Api, claim: str) -> None:
+    """An identity provider whose clock runs a few seconds ahead issues tokens that are
+    valid "from" a moment that is still to come here (CLOCK_SKEW_S either way)."""
+    ahead = jwt.encode(claims(**{claim: int(time.time()) + 5}), TEST_JWT_SECRET)
+    assert (await status_with(api, ahead)).status_code == 200
+
+
+async def test_a_token_just_past_its_exp_is_taken_within_the_clock_skew(api: Api) -> None:
+    just = jwt.encode(claims(exp=int(time.time()) - 5), TEST_JWT_SECRET)
+    assert (await status_with(api, just)).status_code == 200
 
 
 async def test_two_authorization_headers_are_refused(api: Api) -> None:
