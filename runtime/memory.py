@@ -11,6 +11,7 @@ Working memory is something else: it lives in the graph state and its checkpoint
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -42,10 +43,31 @@ MAX_ADDRESS_BYTES = 2650
 as one B-tree entry, refused beyond 2,704 bytes (less when they compress), so without
 this bound a long key of varied characters was kept on SQLite and refused on
 PostgreSQL with the database's message."""
+MAX_VALUE_DEPTH = 32
+"""Levels of nesting in a memory's value, the request bound's (``MAX_JSON_DEPTH``): a
+deeper one was kept and then failed every listing of its user's memories with a 500
+on PostgreSQL (past the serialiser's depth), and was refused on SQLite alone."""
+MAX_VALUE_BYTES = 64 * 1024
+"""UTF-8 bytes of a memory's value as JSON: a fact kept about a user, not a document
+(an artifact is); a listing of a thousand of them stays a response a client can take."""
 DOT_SEGMENTS = frozenset({".", ".."})
 """Not a part of a key between slashes: URL clients remove such segments before they
 send (RFC 3986 §5.2.4), so ``DELETE /memory/.`` would go out as ``DELETE /memory``,
 which erases every memory of the user, and ``/memory/a/b/..`` as another item's."""
+
+
+def nested_deeper(value: Any, most: int) -> bool:
+    """Whether ``value`` nests objects and arrays more than ``most`` levels deep (an
+    object is one level), found without recursing."""
+    level: list[tuple[Any, int]] = [(value, 1)]
+    while level:
+        item, depth = level.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth > most:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            level.extend((child, depth + 1) for child in children)
+    return False
 
 
 def label(text: str) -> str:
@@ -89,8 +111,13 @@ class Memory:
                 f"a memory's sub-namespace has at most {MAX_DEPTH} labels"
                 f" of 1 to {MAX_LABEL} characters"
             )
+        # Before the walks below, which recurse.
+        if nested_deeper(value, MAX_VALUE_DEPTH):
+            raise ValueError(f"a memory's value nests at most {MAX_VALUE_DEPTH} levels deep")
         # What either store would refuse (a NUL, half an emoji, NaN), refused on both.
         reject_unstorable([key, *sub, value])
+        if len(json.dumps(value, ensure_ascii=False).encode()) > MAX_VALUE_BYTES:
+            raise ValueError(f"a memory's value takes at most {MAX_VALUE_BYTES} bytes as JSON")
         namespace = self._namespace(sub)
         if len(".".join(namespace).encode()) + len(key.encode()) > MAX_ADDRESS_BYTES:
             raise ValueError(

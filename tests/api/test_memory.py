@@ -13,7 +13,7 @@ from langgraph.store.memory import InMemoryStore
 from runtime.backend import open_backend
 from runtime.ids import content_hash
 from runtime.lifecycle import State
-from runtime.memory import MAX_ADDRESS_BYTES, Memory
+from runtime.memory import MAX_ADDRESS_BYTES, MAX_VALUE_BYTES, MAX_VALUE_DEPTH, Memory
 from runtime.model import RunContext, RunCreate
 from tests.api.conftest import Api
 from tests.api.helpers import problem
@@ -290,6 +290,14 @@ async def test_a_dot_key_an_older_version_wrote_is_erased_on_its_own(api: Api) -
     assert await mine.items() == {"keep": {"v": 1}}
 
 
+def nested(levels: int) -> dict[str, Any]:
+    """A value nesting ``levels`` + 1 levels deep: an object around ``levels`` lists."""
+    inner: Any = 1
+    for _ in range(levels):
+        inner = [inner]
+    return {"a": inner}
+
+
 def varied(n: int, start: int) -> str:
     """``n`` characters that do not repeat: PostgreSQL cannot compress them under its
     index limit."""
@@ -305,7 +313,10 @@ async def test_what_one_store_keeps_the_other_keeps_too(backend: Any) -> None:
     fits = MAX_ADDRESS_BYTES - len(".".join(mine._namespace(("s" * 100,))).encode())
     await mine.put(longest[: fits // 4], {"v": 1}, "s" * 100)
     await mine.put(varied(fits // 3, 0x4E00) + "a" * (fits % 3), {"v": 1}, "s" * 100)
-    assert len(await mine.items("s" * 100)) == 2
+    # As deep and as large as a value may be.
+    await mine.put("deep", nested(MAX_VALUE_DEPTH - 1), "s" * 100)
+    await mine.put("large", {"v": "é" * ((MAX_VALUE_BYTES - len('{"v": ""}')) // 2)}, "s" * 100)
+    assert len(await mine.items("s" * 100)) == 4
 
     refused: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         (longest, {"v": 1}, ()),
@@ -316,8 +327,13 @@ async def test_what_one_store_keeps_the_other_keeps_too(backend: Any) -> None:
         ("k", {"v": float("nan")}, ()),
         ("k", {"v": 2**64}, ()),
         ("k\ud800", {"v": 1}, ()),
+        # Nested past the bound: PostgreSQL kept it and every listing of the user's
+        # memories failed (500); SQLite refused it. As deep as the stack allows, too.
+        ("k", nested(MAX_VALUE_DEPTH), ()),
+        ("k", nested(5000), ()),
+        ("k", {"v": "x" * MAX_VALUE_BYTES}, ()),
     ]
     for key, value, sub in refused:
         with pytest.raises(ValueError):
             await mine.put(key, value, *sub)
-    assert len(await mine.items("s" * 100)) == 2 and await mine.items() == {}
+    assert len(await mine.items("s" * 100)) == 4 and await mine.items() == {}
