@@ -15,7 +15,7 @@ from runtime.eventbus import EventBus
 from runtime.model import Run
 from runtime.store.base import RunStore
 from server.auth import Principal
-from server.auth.authenticate import Authenticator, unauthenticated
+from server.auth.authenticate import Authenticator, one_authorization
 from server.auth.principal import ADMIN
 from server.settings import Settings
 from server.sse import StreamSlots
@@ -63,12 +63,7 @@ async def get_principal(
     request: Request,
     _documented: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
 ) -> Principal:
-    # The raw header, not HTTPBearer's parse: a wrong scheme gets its own 401 detail.
-    sent = request.headers.getlist("authorization")
-    if len(sent) > 1:
-        # A proxy that reads the last one would see another caller than we would.
-        raise unauthenticated("send one Authorization header, not several")
-    return await services.auth.authenticate(sent[0] if sent else None)
+    return await services.auth.authenticate(one_authorization(request))
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+from starlette.requests import Request
+
 from runtime.dberrors import TRANSIENT_DB_ERRORS
 from runtime.errors import Code, RuntimeProblem
 from runtime.store.base import RunStore
@@ -61,3 +63,13 @@ class Authenticator:
 
 def unauthenticated(detail: str) -> RuntimeProblem:
     return RuntimeProblem(Code.UNAUTHENTICATED, detail, www_authenticate="Bearer")
+
+
+def one_authorization(request: Request) -> str | None:
+    """The request's Authorization header, the raw one (a wrong scheme gets its own 401
+    detail); several are a 401: a proxy that reads the last one would see another
+    caller than we would."""
+    sent = request.headers.getlist("authorization")
+    if len(sent) > 1:
+        raise unauthenticated("send one Authorization header, not several")
+    return sent[0] if sent else None

@@ -54,6 +54,17 @@ async def test_needs_the_metrics_token(scraped: Api) -> None:
     problem(await scraped.client.get("/metrics", headers=wrong), 401, "UNAUTHENTICATED")
 
 
+async def test_two_authorization_headers_are_refused_in_either_order(scraped: Api) -> None:
+    """As on every other endpoint: a proxy that reads the last header sees another caller
+    (the first used to be read alone, the right token first let the request in)."""
+    right, wrong = SCRAPER["Authorization"], "Bearer not-the-token"
+    for first, second in ((right, wrong), (wrong, right)):
+        headers = [("Authorization", first), ("Authorization", second)]
+        resp = await scraped.client.get("/metrics", headers=headers)
+        problem(resp, 401, "UNAUTHENTICATED")
+        assert "one Authorization header" in resp.json()["detail"]
+
+
 async def test_off_unless_a_token_is_set(api: Api) -> None:
     problem(await api.client.get("/metrics", headers=SCRAPER), 404, "NOT_FOUND")
 

@@ -13,7 +13,7 @@ from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
 from runtime.store.base import RunStore
 from server.api.openapi import EVERY_REQUEST, problem_responses
-from server.auth.authenticate import unauthenticated
+from server.auth.authenticate import one_authorization, unauthenticated
 from server.settings import Settings
 
 router = APIRouter()
@@ -46,13 +46,15 @@ CountsDep = Annotated[Counts, Depends(get_counts)]
     },
 )
 async def metrics(
-    services: CountsDep, authorization: Annotated[str | None, Header()] = None
+    services: CountsDep,
+    request: Request,
+    authorization: Annotated[str | None, Header()] = None,  # (documented; read raw below)
 ) -> str:
     """Prometheus' text format, for a scraper holding ``AGENT_RUNTIME_METRICS_TOKEN``."""
     expected = services.settings.metrics_token
     if expected is None or not expected.get_secret_value():
         raise RuntimeProblem(Code.NOT_FOUND, "metrics are not enabled on this server")
-    scheme, _, presented = (authorization or "").partition(" ")
+    scheme, _, presented = (one_authorization(request) or "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(
         presented.strip().encode(), expected.get_secret_value().encode()
     ):
