@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
+from server.api.routes import system
 from tests.api.conftest import Api
+from tests.api.helpers import problem
 
 
 async def test_agents_health_and_openapi(api: Api) -> None:
@@ -112,3 +118,22 @@ async def test_every_step_names_the_agent_that_decided_it(api: Api) -> None:
 
     assert len(steps) >= 2
     assert {s["decision"]["agent_id"] for s in steps} == {"typo_fixer"}
+
+
+async def test_readiness_is_answered_within_its_bound_when_the_database_hangs(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database that takes no new connection held /readyz for the pool's 30 s wait,
+    past any prober's timeout; it says not ready within its own bound."""
+    monkeypatch.setattr(system, "READY_WITHIN_S", 0.2)
+    hung = asyncio.Event()
+
+    async def hang() -> None:
+        await hung.wait()
+
+    monkeypatch.setattr(api.engine_services.store, "ping", hang)
+    resp = await api.client.get("/readyz", timeout=10)
+
+    problem(resp, 503, "UNAVAILABLE")
+    assert resp.headers["Retry-After"] == "1"
+    assert resp.json()["detail"] == "the database did not answer within 0.2 s"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -11,6 +13,11 @@ from graphs.run_graph import handoff_map
 from runtime.errors import Code, RuntimeProblem
 from server.api.deps import EngineDep, PrincipalDep, StoreDep, get_principal
 from server.api.openapi import AUTHENTICATED, headers, problem_responses
+
+log = logging.getLogger(__name__)
+
+READY_WITHIN_S = 2.0
+"""How long ``/readyz`` waits for the database's answer before it says not ready."""
 
 router = APIRouter()
 
@@ -105,9 +112,17 @@ def _matches(if_none_match: list[str], etag: str) -> bool:
 )
 async def readyz(store: StoreDep) -> dict[str, str]:
     try:
-        await store.ping()
+        # A probe is answered within its own bound, not the pool's wait for a
+        # connection (30 s), which outlasts any prober's timeout.
+        async with asyncio.timeout(READY_WITHIN_S):
+            await store.ping()
     except Exception as exc:
-        raise RuntimeProblem(Code.UNAVAILABLE, f"database unreachable: {exc}") from exc
+        log.warning("not ready: the database did not answer a ping: %r", exc)
+        raise RuntimeProblem(
+            Code.UNAVAILABLE,
+            f"the database did not answer within {READY_WITHIN_S:g} s",
+            retry_after=1,
+        ) from exc
     return {"status": "ready"}
 
 
