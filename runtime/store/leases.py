@@ -257,12 +257,13 @@ class LeaseQueries(StoreCore):
     ) -> int | None:
         """Claim one run whatever it needs (a backoff included), unless a lease on it is
         live, ours too: a drive of this process may have claimed it a moment ago; or it
-        is a suspect (``max_takeovers``: see :meth:`claim_suspect`)."""
+        is a suspect (``max_takeovers``: see :meth:`claim_suspect`); or it has ended (its
+        end let its lease go, and there is nothing left to drive)."""
         innocent = "" if max_takeovers is None else f" AND {blame('runs')} < {int(max_takeovers)}"
         got = await self.write_once(
             f"UPDATE runs SET {TAKE_OVER}, lease_owner = ?, "
             f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
-            "WHERE run_id = ? AND (lease_owner IS NULL OR "
+            f"WHERE run_id = ? AND NOT {ENDED} AND (lease_owner IS NULL OR "
             f"lease_expires_at < {self.now_sql}){innocent} RETURNING lease_version",
             (owner, owner, owner, lease_s, run_id),
         )

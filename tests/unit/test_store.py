@@ -690,6 +690,9 @@ async def test_a_runs_end_lets_its_lease_go_in_the_same_write(
         version,
     )
     assert await store.claim_runs("w2", 1, 30.0) == []
+    # Nor taken for a cancel that found it live a moment before it ended.
+    assert await store.take_lease(run_id, "w2", 30.0) is None
+    assert await store.renew_leases("w1", [(run_id, version, None)], 30.0) == {run_id}
 
 
 async def test_a_lease_the_runs_end_let_go_is_renewed_as_held_and_left_alone(
