@@ -27,6 +27,11 @@ HELP: dict[str, tuple[str, str]] = {
         "two leases (their process paused or gone), holding rows others wait for.",
     ),
     "runs": ("gauge", "Runs in each live state, in the whole database."),
+    "database_up": (
+        "gauge",
+        "1 if the database answered this scrape's count of runs in time, else 0 (and "
+        "no runs samples: the process's own counters are still served).",
+    ),
 }
 
 

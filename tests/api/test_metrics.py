@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from runtime.metrics import Metrics
+from server.api.routes import probes
 from tests.api.conftest import Api, make_settings, open_api
 from tests.api.helpers import parked_demo_run, problem
 from tests.auth import bearer
@@ -63,6 +66,32 @@ async def test_two_authorization_headers_are_refused_in_either_order(scraped: Ap
         resp = await scraped.client.get("/metrics", headers=headers)
         problem(resp, 401, "UNAUTHENTICATED")
         assert "one Authorization header" in resp.json()["detail"]
+
+
+@pytest.mark.parametrize("outage", ["refused", "hangs"])
+async def test_an_outage_costs_the_scrape_only_the_runs_counts(
+    scraped: Api, monkeypatch: pytest.MonkeyPatch, outage: str
+) -> None:
+    """The process's own counters are what an alert on failing drives reads, and a
+    database away is when it needs them: they were a 503 (after 30 s, when it hung)."""
+    monkeypatch.setattr(probes, "COUNT_WITHIN_S", 0.2)
+
+    async def count_live_runs() -> dict[str, int]:
+        if outage == "refused":
+            raise psycopg.OperationalError("connection refused")
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    up = (await scraped.client.get("/metrics", headers=SCRAPER)).text
+    assert sample(up, "database_up") == 1 and "agent_runtime_runs{" in up
+    monkeypatch.setattr(scraped.engine_services.store, "count_live_runs", count_live_runs)
+    resp = await scraped.client.get("/metrics", headers=SCRAPER, timeout=10)
+
+    assert resp.status_code == 200
+    assert sample(resp.text, "database_up") == 0
+    assert sample(resp.text, "drives_ended_total", '{how="stopped"}') >= 0
+    assert sample(resp.text, "drives_in_flight") == 0
+    assert "agent_runtime_runs{" not in resp.text
 
 
 async def test_off_unless_a_token_is_set(api: Api) -> None:

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
 from typing import Annotated, Protocol
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import PlainTextResponse
 
+from runtime.dberrors import DATABASE_ERRORS
 from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
 from runtime.store.base import RunStore
@@ -17,6 +20,10 @@ from server.auth.authenticate import one_authorization, unauthenticated
 from server.settings import Settings
 
 router = APIRouter()
+log = logging.getLogger(__name__)
+
+COUNT_WITHIN_S = 2.0
+"""How long a scrape waits for the database's count of runs before it goes without."""
 
 
 class Counts(Protocol):
@@ -60,13 +67,21 @@ async def metrics(
     ):
         raise unauthenticated("GET /metrics needs the metrics token")
     engine = services.engine
-    live = await services.store.count_live_runs()
-    return engine.metrics.render(
-        {
-            "drives_in_flight": [({}, engine.running())],
-            "runs": [({"state": state}, n) for state, n in live.items()],
-        }
-    )
+    gauges: dict[str, list[tuple[dict[str, str], float]]] = {
+        "drives_in_flight": [({}, engine.running())]
+    }
+    try:
+        # An outage must not cost the scrape (and its alerts) the process's counters,
+        # nor hold it for the pool's 30 s wait.
+        async with asyncio.timeout(COUNT_WITHIN_S):
+            live = await services.store.count_live_runs()
+    except (TimeoutError, *DATABASE_ERRORS) as exc:
+        log.warning("metrics served without the runs' counts: %r", exc)
+        gauges["database_up"] = [({}, 0)]
+    else:
+        gauges["database_up"] = [({}, 1)]
+        gauges["runs"] = [({"state": state}, n) for state, n in live.items()]
+    return engine.metrics.render(gauges)
 
 
 @router.get("/healthz", tags=["health"], responses=problem_responses(*EVERY_REQUEST))
