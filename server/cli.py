@@ -45,6 +45,7 @@ Exit codes (the run's state when the command ends):
     3  waiting_human: parked for an approval
     4  still running (pending, planning or executing; not followed to its end)
   130  interrupted (Ctrl-C)
+  141  the output's reader went away (``| head``): cut short, whatever the run's state
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ exit codes (the run's state when the command ends):
   2  usage or HTTP error (problem+json code and detail on stderr)
   3  waiting_human: parked for an approval
   4  still running (pending, planning, executing)
-130  interrupted (Ctrl-C)"""
+130  interrupted (Ctrl-C)
+141  output's reader went away (| head): cut short"""
 
 
 # -- serve and worker ----------------------------------------------------------------

@@ -24,13 +24,26 @@ TOKEN_ENV = "AGENT_RUNTIME_TOKEN"
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_ERROR, EXIT_WAITING, EXIT_RUNNING = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
+EXIT_PIPE_CLOSED = 141
+"""The reader of the output went away (``| head``): the command could not say what it
+had to, whatever the run's state; 128 + SIGPIPE, as a Unix tool killed by it exits."""
+
+
+class EmptyToken(ValueError):
+    """``--token ""``: a token given as nothing, refused rather than read as none."""
 
 
 def resolve_token(args: argparse.Namespace) -> str | None:
     """``--token``, else ``$AGENT_RUNTIME_TOKEN``, else the embedded default's local key:
     the approver's for approve/reject (the run's own user may not approve it), else the
     admin's."""
-    token = getattr(args, "token", None) or os.environ.get(TOKEN_ENV)
+    given = getattr(args, "token", None)
+    if given is not None:
+        if not given:
+            # ``--token "$TOKEN"`` with $TOKEN unset must not act as the local admin.
+            raise EmptyToken("--token is empty")
+        return str(given)
+    token = os.environ.get(TOKEN_ENV)  # set but empty: as if unset, as every setting
     if token:
         return str(token)
     from server.auth.bootstrap import read_local_keys
@@ -148,7 +161,11 @@ class Cli:
         if args.context_json:
             context = dict(args.context_json)
         if args.scope:
-            context["scope"] = [*(context.get("scope") or []), *args.scope]
+            given = context.get("scope")
+            # A scope in --context-json that is not a list is the server's to refuse,
+            # not ours to spread into its characters.
+            if given is None or isinstance(given, list):
+                context["scope"] = [*(given or []), *args.scope]
         options: JSON = {}
         if args.max_steps is not None:
             options["max_steps"] = args.max_steps
@@ -222,6 +239,11 @@ class Cli:
         if self.json:
             self.dump(run)
             return exit_code(str(run["state"]))
+        if run["state"] not in TERMINAL:
+            # Accepted (202): it ends once a worker carries it out; say so, not only
+            # that the run is still where it was.
+            accepted = f"cancel of {run['run_id']} accepted; it ends when a worker acts on it"
+            self.printer.line(accepted)
         return self.ending(run)
 
     def runs(self) -> int:
@@ -292,6 +314,9 @@ def client_command(args: argparse.Namespace) -> int:
     except (UnicodeEncodeError, httpx.LocalProtocolError) as exc:  # one line of ASCII
         print(f"agent-runtime: the token cannot be sent: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except EmptyToken as exc:
+        print(f"agent-runtime: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     try:
         with cli.client:
             return COMMANDS[args.command](cli)
@@ -316,6 +341,6 @@ def client_command(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away; nothing more to say.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_SUCCEEDED
+        return EXIT_PIPE_CLOSED
     finally:
         cli.printer.done()

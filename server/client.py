@@ -57,7 +57,9 @@ class ApiError(Exception):
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            body = {"title": resp.reason_phrase, "detail": resp.text[:500]}
+            # Not ours (a --url reaching another server, a proxy's page): one line of it.
+            first = next((line.strip() for line in resp.text.splitlines() if line.strip()), "")
+            body = {"title": resp.reason_phrase, "detail": first[:200]}
         body.setdefault("status", resp.status_code)
         return cls(resp.status_code, body)
 
@@ -71,6 +73,21 @@ class ApiError(Exception):
                 "code": "SERVER_UNREACHABLE",
             },
         )
+
+
+RUN_KEYS = ("run_id", "state")
+"""What every answer that is a run has, and the CLI reads without looking."""
+
+
+def is_run(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(value.get(k), str) for k in RUN_KEYS)
+
+
+def _expect(shaped: bool, status: int, detail: str) -> None:
+    """An answer not of the shape ours have (a --url reaching another server that
+    speaks JSON) is a bad response, not a KeyError further on."""
+    if not shaped:
+        raise ApiError(status, {"code": "BAD_RESPONSE", "detail": detail})
 
 
 def segment(what: str, value: str) -> str:
@@ -166,16 +183,21 @@ class Client:
                 {"code": "BAD_RESPONSE", "detail": f"{path} did not answer JSON: {exc}"},
             ) from exc
 
+    def _run(self, method: str, path: str, **kwargs: Any) -> tuple[JSON, int]:
+        """A request answered with a run."""
+        run, status = self._json(method, path, **kwargs)
+        _expect(is_run(run), status, f"{path} did not answer a run")
+        return run, status
+
     def create_run(self, body: JSON, idempotency_key: str | None = None) -> tuple[JSON, bool]:
         """POST /runs; returns (run, whether it was created now rather than found)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        run, status = self._json("POST", "/runs", json=body, headers=headers)
+        run, status = self._run("POST", "/runs", json=body, headers=headers)
         return run, status == 201
 
     def get_run(self, run_id: str) -> JSON:
-        run, _ = self._json("GET", f"/runs/{segment('run id', run_id)}")
-        result: JSON = run
-        return result
+        run, _ = self._run("GET", f"/runs/{segment('run id', run_id)}")
+        return run
 
     def list_runs(
         self,
@@ -186,9 +208,11 @@ class Client:
         cursor: str | None = None,
     ) -> JSON:
         params = {"state": state, "agent_id": agent_id, "limit": limit, "cursor": cursor}
-        page, _ = self._json(
+        page, status = self._json(
             "GET", "/runs", params={k: v for k, v in params.items() if v is not None}
         )
+        items = page.get("items") if isinstance(page, dict) else None
+        _expect(isinstance(items, list), status, "/runs did not answer a page of runs")
         result: JSON = page
         return result
 
@@ -215,12 +239,14 @@ class Client:
         body: JSON = {"compensate": compensate}
         if reason is not None:
             body["reason"] = reason
-        run, _ = self._json("POST", f"/runs/{segment('run id', run_id)}/cancel", json=body)
-        result: JSON = run
-        return result
+        run, _ = self._run("POST", f"/runs/{segment('run id', run_id)}/cancel", json=body)
+        return run
 
     def trace(self, run_id: str) -> JSON:
-        trace, _ = self._json("GET", f"/runs/{segment('run id', run_id)}/trace")
+        path = f"/runs/{segment('run id', run_id)}/trace"
+        trace, status = self._json("GET", path)
+        shaped = isinstance(trace, dict) and is_run(trace.get("run"))
+        _expect(shaped, status, f"{path} did not answer a trace")
         result: JSON = trace
         return result
 

@@ -174,13 +174,14 @@ class Renderer:
 
     def outcome_text(self, run: JSON) -> str:
         outcome: JSON = run.get("outcome") or {}
-        parts = [str(outcome[k]) for k in ("code", "message") if outcome.get(k)]
-        text = ": ".join(parts) or "-"
+        # One line: a tool's error text may hold several, one of them like a field.
+        why = compact(": ".join(str(outcome[k]) for k in ("code", "message") if outcome.get(k)))
+        parts = [why] if why else []
         if outcome.get("side_effects"):
-            text += f"; side effects that happened: {', '.join(outcome['side_effects'])}"
+            parts.append(f"side effects that happened: {', '.join(outcome['side_effects'])}")
         if outcome.get("compensations"):
-            text += f"; compensated: {', '.join(outcome['compensations'])}"
-        return text
+            parts.append(f"compensated: {', '.join(outcome['compensations'])}")
+        return "; ".join(parts) or "-"
 
     def result_lines(self, run: JSON) -> list[str]:
         result: JSON = run.get("result") or {}
@@ -209,7 +210,7 @@ class Renderer:
             f"run:      {run.get('run_id')}",
             f"agent:    {run.get('agent_id')}",
             f"state:    {run.get('state')} (step {run.get('step_index')})",
-            f"input:    {run.get('input')}",
+            f"input:    {self.clip(compact(run.get('input', '')), 400)}",
             f"context:  {context}",
             *([f"idempotency key: {key}"] if key else []),
             f"usage:    steps {usage.get('steps')}/{limits.get('max_steps')}, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import os
 import re
@@ -301,6 +302,72 @@ def test_a_follow_refused_a_stream_for_good_says_so_not_unreachable(
         http.post(f"/runs/{run_id}/cancel")
     assert refused.value.status == 429 and refused.value.code == "TOO_MANY_STREAMS"
     assert "still so after 1 s" in refused.value.detail
+
+
+class NotOurs(http.server.BaseHTTPRequestHandler):
+    """Another HTTP server at --url: an HTML page under /html, elsewhere a JSON object
+    that is none of ours."""
+
+    def do_GET(self) -> None:
+        html = self.path.startswith("/html")
+        body = b"<!DOCTYPE HTML>\n<html>\n<p>Nope</p>\n</html>\n" if html else b'{"hello": 1}'
+        self.send_response(404 if html else 200)
+        self.send_header("Content-Type", "text/html" if html else "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.do_GET()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_what_the_cli_would_have_got_wrong_it_refuses(server: ServerProcess) -> None:
+    start(server)
+    before = json.loads(cli(server, "runs", "--json").stdout)["items"]
+    # A scope of --context-json that is not a list: the server's 422, not its characters.
+    spread = cli(
+        server, "run", "x", "--context-json", '{"scope": "sales_region:east"}', "--scope", "a"
+    )
+    assert spread.returncode == 2 and "VALIDATION_ERROR" in spread.stderr, spread
+    assert json.loads(cli(server, "runs", "--json").stdout)["items"] == before
+    # An empty --token (a script's unset $TOKEN) is refused, not the local admin's key.
+    empty = cli(server, "runs", "--token", "")
+    assert empty.returncode == 2 and "--token is empty" in empty.stderr and not empty.stdout
+
+    # Input over several lines is shown on one: no line of it passes for a field.
+    created = cli(server, "run", "first line\nstate:    succeeded", "--scope", "sales_region:east")
+    run_id = re.findall(r"^created (run-\S+)$", created.stdout, re.M)[0]
+    shown = cli(server, "show", run_id).stdout.splitlines()
+    assert [line for line in shown if line.startswith("state:")] == [shown[2]], shown
+    cli(server, "cancel", run_id)
+
+    # Output whose reader went away: 141, whatever the run's state (it was 0 or 1).
+    proc = subprocess.Popen(
+        [*CLI, "show", run_id], cwd=ROOT, env=cli_env(server), stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 141
+
+    # --url reaching another server: one line, and a bad response rather than a traceback.
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotOurs)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{other.server_address[1]}"
+        page = cli(server, "--url", f"{url}/html", "runs")
+        assert page.returncode == 2 and page.stderr.strip() == (
+            "agent-runtime: error HTTP_404 (HTTP 404): <!DOCTYPE HTML>"
+        ), page.stderr
+        for command in (("show", "run-x"), ("trace", "run-x"), ("cancel", "run-x"), ("runs",)):
+            not_ours = cli(server, "--url", url, *command)
+            assert not_ours.returncode == 2 and not not_ours.stdout, (command, not_ours)
+            assert "BAD_RESPONSE" in not_ours.stderr and "Traceback" not in not_ours.stderr
+    finally:
+        other.shutdown()
 
 
 def test_keys_create_list_revoke(server: ServerProcess) -> None:
