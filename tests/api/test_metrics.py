@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -66,6 +67,24 @@ async def test_two_authorization_headers_are_refused_in_either_order(scraped: Ap
         resp = await scraped.client.get("/metrics", headers=headers)
         problem(resp, 401, "UNAUTHENTICATED")
         assert "one Authorization header" in resp.json()["detail"]
+
+
+async def test_a_schema_error_is_logged_as_one_not_as_an_outage(
+    scraped: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A migration that did not run is a bug to see (an error with its traceback), not an
+    outage to wait out (a warning); the counters are served all the same."""
+
+    async def count_live_runs() -> dict[str, int]:
+        raise psycopg.errors.UndefinedTable('relation "runs" does not exist')
+
+    monkeypatch.setattr(scraped.engine_services.store, "count_live_runs", count_live_runs)
+    with caplog.at_level(logging.WARNING, logger="server.api.routes.probes"):
+        resp = await scraped.client.get("/metrics", headers=SCRAPER)
+
+    assert resp.status_code == 200 and sample(resp.text, "database_up") == 0
+    [record] = [r for r in caplog.records if r.name == "server.api.routes.probes"]
+    assert record.levelno == logging.ERROR and record.exc_info is not None
 
 
 @pytest.mark.parametrize("outage", ["refused", "hangs"])

@@ -11,7 +11,7 @@ from typing import Annotated, Protocol
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import PlainTextResponse
 
-from runtime.dberrors import DATABASE_ERRORS
+from runtime.dberrors import DATABASE_ERRORS, unavailable
 from runtime.engine import Engine
 from runtime.errors import Code, RuntimeProblem
 from runtime.store.base import RunStore
@@ -76,7 +76,10 @@ async def metrics(
         async with asyncio.timeout(COUNT_WITHIN_S):
             live = await services.store.count_live_runs()
     except (TimeoutError, *DATABASE_ERRORS) as exc:
-        log.warning("metrics served without the runs' counts: %r", exc)
+        if isinstance(exc, TimeoutError) or unavailable(exc):
+            log.warning("metrics served without the runs' counts: %r", exc)
+        else:  # our SQL, or a schema not migrated: a bug to see, not an outage
+            log.exception("metrics served without the runs' counts: the count failed")
         gauges["database_up"] = [({}, 0)]
     else:
         gauges["database_up"] = [({}, 1)]
