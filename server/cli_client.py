@@ -4,6 +4,7 @@ show, trace, against a running server. ``server.cli`` parses the arguments."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -302,8 +303,6 @@ COMMANDS: dict[str, Callable[[Cli], int]] = {
 def client_command(args: argparse.Namespace) -> int:
     import httpx
 
-    from server.client import ApiError
-
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="replace")
     try:
@@ -317,6 +316,23 @@ def client_command(args: argparse.Namespace) -> int:
     except EmptyToken as exc:
         print(f"agent-runtime: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    try:
+        return _answered(cli, args)
+    except BrokenPipeError:
+        # The reader of the output, or of the errors (e.g. `| head`), went away, maybe as
+        # an error was being said: nothing more to say, and nothing at exit either.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        return EXIT_PIPE_CLOSED
+
+
+def _answered(cli: Cli, args: argparse.Namespace) -> int:
+    """The command's exit code, its errors said (a closed pipe is the caller's)."""
+    import httpx
+
+    from server.client import ApiError
+
     try:
         with cli.client:
             return COMMANDS[args.command](cli)
@@ -338,9 +354,5 @@ def client_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         cli.printer.note("agent-runtime: interrupted")
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # The reader (e.g. `| head`) went away; nothing more to say.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_PIPE_CLOSED
     finally:
         cli.printer.done()

@@ -212,7 +212,8 @@ class Client:
             "GET", "/runs", params={k: v for k, v in params.items() if v is not None}
         )
         items = page.get("items") if isinstance(page, dict) else None
-        _expect(isinstance(items, list), status, "/runs did not answer a page of runs")
+        shaped = isinstance(items, list) and all(is_run(item) for item in items)
+        _expect(shaped, status, "/runs did not answer a page of runs")
         result: JSON = page
         return result
 
@@ -233,6 +234,8 @@ class Client:
             body["decided_by"] = decided_by
         path = f"/runs/{segment('run id', run_id)}/approvals/{segment('approval id', approval_id)}"
         approval, status = self._json("POST", path, json=body)
+        shaped = isinstance(approval, dict) and isinstance(approval.get("approval_id"), str)
+        _expect(shaped, status, f"{path} did not answer an approval")
         return approval, status == 202
 
     def cancel(self, run_id: str, reason: str | None, compensate: bool) -> JSON:

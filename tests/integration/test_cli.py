@@ -352,6 +352,17 @@ def test_what_the_cli_would_have_got_wrong_it_refuses(server: ServerProcess) -> 
     assert proc.stdout is not None
     proc.stdout.close()
     assert proc.wait(timeout=60) == 141
+    # The same when it is the errors' reader that went away, as an error was said.
+    proc = subprocess.Popen(
+        [*CLI, "show", "run-nope"],
+        cwd=ROOT,
+        env=cli_env(server),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 141
 
     # --url reaching another server: one line, and a bad response rather than a traceback.
     other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotOurs)
@@ -362,7 +373,13 @@ def test_what_the_cli_would_have_got_wrong_it_refuses(server: ServerProcess) -> 
         assert page.returncode == 2 and page.stderr.strip() == (
             "agent-runtime: error HTTP_404 (HTTP 404): <!DOCTYPE HTML>"
         ), page.stderr
-        for command in (("show", "run-x"), ("trace", "run-x"), ("cancel", "run-x"), ("runs",)):
+        for command in (
+            ("show", "run-x"),
+            ("trace", "run-x"),
+            ("cancel", "run-x"),
+            ("runs",),
+            ("approve", "run-x", "ap-x"),
+        ):
             not_ours = cli(server, "--url", url, *command)
             assert not_ours.returncode == 2 and not not_ours.stdout, (command, not_ours)
             assert "BAD_RESPONSE" in not_ours.stderr and "Traceback" not in not_ours.stderr
