@@ -116,7 +116,11 @@ class Memory:
             raise ValueError(f"a memory's value nests at most {MAX_VALUE_DEPTH} levels deep")
         # What either store would refuse (a NUL, half an emoji, NaN), refused on both.
         reject_unstorable([key, *sub, value])
-        if len(json.dumps(value, ensure_ascii=False).encode()) > MAX_VALUE_BYTES:
+        try:
+            encoded = json.dumps(value, ensure_ascii=False).encode()
+        except TypeError as exc:  # a datetime, say: SQLite's store took it, PostgreSQL's not
+            raise ValueError(f"a memory's value is plain JSON: {exc}") from None
+        if len(encoded) > MAX_VALUE_BYTES:
             raise ValueError(f"a memory's value takes at most {MAX_VALUE_BYTES} bytes as JSON")
         namespace = self._namespace(sub)
         if len(".".join(namespace).encode()) + len(key.encode()) > MAX_ADDRESS_BYTES:
