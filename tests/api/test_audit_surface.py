@@ -137,3 +137,11 @@ async def test_readiness_is_answered_within_its_bound_when_the_database_hangs(
     problem(resp, 503, "UNAVAILABLE")
     assert resp.headers["Retry-After"] == "1"
     assert resp.json()["detail"] == "the database did not answer within 0.2 s"
+
+    async def refuse() -> None:
+        raise ConnectionRefusedError("no one at 5432")
+
+    monkeypatch.setattr(api.engine_services.store, "ping", refuse)
+    resp = await api.client.get("/readyz", timeout=10)
+    problem(resp, 503, "UNAVAILABLE")
+    assert resp.json()["detail"] == "the database is unavailable"  # not the driver's text

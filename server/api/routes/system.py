@@ -118,11 +118,12 @@ async def readyz(store: StoreDep) -> dict[str, str]:
             await store.ping()
     except Exception as exc:
         log.warning("not ready: the database did not answer a ping: %r", exc)
-        raise RuntimeProblem(
-            Code.UNAVAILABLE,
-            f"the database did not answer within {READY_WITHIN_S:g} s",
-            retry_after=1,
-        ) from exc
+        why = (
+            f"did not answer within {READY_WITHIN_S:g} s"
+            if isinstance(exc, TimeoutError)
+            else "is unavailable"
+        )
+        raise RuntimeProblem(Code.UNAVAILABLE, f"the database {why}", retry_after=1) from exc
     return {"status": "ready"}
 
 
