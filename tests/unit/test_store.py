@@ -662,6 +662,16 @@ async def test_an_ended_run_takes_no_cancel_and_is_never_claimed_again(
     assert await store.claim_runs("w2", 1, 30.0) == []
 
 
+async def started_by_w1(store: RunStore, make_run: MakeRun) -> tuple[str, int, RunStore]:
+    """A new run claimed by worker w1 and started: (run_id, lease version, the drive's view)."""
+    run = await make_run(store)
+    [(run_id, version)] = await store.claim_runs("w1", 1, 30.0)
+    assert run_id == run.run_id
+    drive = store.fenced(run_id, version)
+    await drive.transition(run_id, Trigger.START, expect=State.PENDING)
+    return run_id, version, drive
+
+
 @pytest.mark.parametrize("ending", ["succeeded", "failed"])
 async def test_a_runs_end_lets_its_lease_go_in_the_same_write(
     backend: object, make_run: MakeRun, ending: str
@@ -669,11 +679,7 @@ async def test_a_runs_end_lets_its_lease_go_in_the_same_write(
     """A worker killed between a run's end and its release left the finished run owned
     (seen after SIGKILLs: a stale lease_owner on succeeded runs)."""
     store = store_of(backend)
-    run = await make_run(store)
-    [(run_id, version)] = await store.claim_runs("w1", 1, 30.0)
-    assert run_id == run.run_id
-    drive = store.fenced(run_id, version)
-    await drive.transition(run_id, Trigger.START, expect=State.PENDING)
+    run_id, version, drive = await started_by_w1(store, make_run)
     if ending == "succeeded":
         await drive.transition(run_id, Trigger.PLAN_READY, expect=State.PLANNING)
         await drive.transition(run_id, Trigger.DONE, expect=State.EXECUTING)
@@ -702,11 +708,7 @@ async def test_a_lease_the_runs_end_let_go_is_renewed_as_held_and_left_alone(
     not lost to anyone (its version is the drive's), so the drive must not be stopped
     as if taken over; the renewal extends nothing on a run that has ended."""
     store = store_of(backend)
-    run = await make_run(store)
-    [(run_id, version)] = await store.claim_runs("w1", 1, 30.0)
-    assert run_id == run.run_id
-    drive = store.fenced(run_id, version)
-    await drive.transition(run_id, Trigger.START, expect=State.PENDING)
+    run_id, version, drive = await started_by_w1(store, make_run)
     await drive.transition(run_id, Trigger.PLAN_READY, expect=State.PLANNING)
     await drive.transition(run_id, Trigger.DONE, expect=State.EXECUTING)
 
