@@ -66,7 +66,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from runtime.store.core import LeaseLost
+from runtime.store.tx import LeaseLost
 
 LEASE: ContextVar[tuple[str, int] | None] = ContextVar("checkpoint_lease", default=None)
 """(run_id, lease version) of the drive whose task this is (None outside a drive)."""

@@ -138,7 +138,7 @@ def _known_schema(settings: Settings, version: object) -> None:
     """A database a newer version migrated: refused here in one line (the store would
     refuse it inside the start, with a traceback). A version that is no integer is
     another tool's table of that name: not ours to judge."""
-    from runtime.store.core import SchemaTooNew, check_schema_version
+    from runtime.store.schema import SchemaTooNew, check_schema_version
     from server.settings import refused
 
     if not isinstance(version, int):

@@ -9,7 +9,8 @@ from datetime import datetime
 
 from runtime.store.audit import insert_audit
 from runtime.store.codec import _enc, _ts
-from runtime.store.core import Row, StoreCore
+from runtime.store.core import StoreCore
+from runtime.store.tx import Row
 
 
 @dataclass(frozen=True)

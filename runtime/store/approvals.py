@@ -9,8 +9,10 @@ from runtime.events import EventType
 from runtime.lifecycle import State, Trigger
 from runtime.model import Approval, ApprovalDecision, UnreadableApproval
 from runtime.store.codec import _dec, _ts
-from runtime.store.core import WORK_CHANNEL, Row, StoreCore
+from runtime.store.core import WORK_CHANNEL, StoreCore
+from runtime.store.paging import keyset_page
 from runtime.store.records import ShownApproval, shown
+from runtime.store.tx import Row
 
 
 class ApprovalQueries(StoreCore):
@@ -102,7 +104,8 @@ class ApprovalQueries(StoreCore):
         if run_id:
             where.append("run_id = ?")
             params.append(run_id)
-        return await self._page(
+        return await keyset_page(
+            self,
             "approvals",
             where,
             params,

@@ -16,7 +16,9 @@ from pydantic import BaseModel
 
 from runtime.model import utcnow
 from runtime.store.codec import _dec, _enc_col, _iso
-from runtime.store.core import StoreCore, Tx
+from runtime.store.core import StoreCore
+from runtime.store.paging import keyset_page
+from runtime.store.tx import Tx
 
 AuditAction = Literal["memory.forget", "memory.delete", "key.create", "key.revoke"]
 """Every action the trail records (and GET /audit filters on)."""
@@ -70,7 +72,8 @@ class AuditQueries(StoreCore):
         if action is not None:
             where.append("action = ?")
             params.append(action)
-        rows, next_cursor = await self._page(
+        rows, next_cursor = await keyset_page(
+            self,
             "audit",
             where,
             params,

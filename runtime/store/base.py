@@ -25,11 +25,13 @@ from runtime.store.approvals import ApprovalQueries
 from runtime.store.artifacts import ArtifactQueries
 from runtime.store.audit import AuditQueries
 from runtime.store.codec import _dec, _enc, _enc_col, event_of
-from runtime.store.core import CANCEL_CHANNEL, ENDED, WORK_CHANNEL, LeaseLost, Row, StoreCore, Tx
+from runtime.store.core import CANCEL_CHANNEL, ENDED, WORK_CHANNEL, StoreCore
 from runtime.store.leases import LeaseQueries
+from runtime.store.paging import keyset_page
 from runtime.store.records import RecordQueries, event_rows, log_pages, step_rows
 from runtime.store.retention import RetentionQueries
 from runtime.store.tool_calls import ToolCallQueries
+from runtime.store.tx import LeaseLost, Row, Tx
 from runtime.store.unread import UnreadFailures
 
 RUN_COLUMNS = (
@@ -205,7 +207,8 @@ class RunStore(
         if agent_id:
             where.append("agent_id = ?")
             params.append(agent_id)
-        rows, next_cursor = await self._page(
+        rows, next_cursor = await keyset_page(
+            self,
             "runs",
             where,
             params,

@@ -1,4 +1,4 @@
-"""The store's core: transactions, fencing, the event log and run transitions.
+"""The store's core: transactions, the event log and run transitions.
 
 Every change that an event describes is written in the same transaction as the
 event; every transition goes through the lifecycle table here.
@@ -10,18 +10,17 @@ import copy
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from datetime import datetime
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, State, Trigger, transition
 from runtime.model import utcnow
-from runtime.store.codec import _enc, _enc_col, _ts, decode_cursor, encode_cursor, event_row
+from runtime.store.codec import _enc, _enc_col, _ts, event_row
 from runtime.store.journal import Journal, PendingTransition
-from runtime.store.schema import MIGRATIONS
+from runtime.store.schema import MIGRATIONS, check_schema_version
+from runtime.store.tx import LeaseLost, Row, StoreTx, Tx
 
-Row = dict[str, Any]
 EventListener = Callable[[str, int, Sequence[Row]], None]
 """(run_id, last seq committed, the committed event rows of that run, as stored)."""
 
@@ -32,28 +31,6 @@ WORK_CHANNEL = "agent_runtime_work"
 """NOTIFY payload '<run_id>': a run needs a worker."""
 CANCEL_CHANNEL = "agent_runtime_cancel"
 """NOTIFY payload '<run_id>': whoever drives the run must stop it."""
-
-
-class SchemaTooNew(RuntimeError):
-    """The database was migrated by a newer agent-runtime than this one."""
-
-
-def check_schema_version(current: int | None) -> None:
-    """Refuse a database whose schema is ``current``, if a newer version migrated it."""
-    if current is not None and current > len(MIGRATIONS):
-        # Rolled back onto a database a newer version has migrated: its rows have
-        # columns and meanings this code would write around, silently wrong.
-        raise SchemaTooNew(
-            f"the database's schema is version {current}, newer than this "
-            f"agent-runtime knows ({len(MIGRATIONS)}): start the version that "
-            "migrated it, or restore a backup from before it did"
-        )
-
-
-class Tx(Protocol):
-    async def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...
-    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None: ...
-    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]: ...
 
 
 ENDED = "state IN ({})".format(", ".join(f"'{state.value}'" for state in sorted(TERMINAL)))
@@ -67,10 +44,6 @@ ENDED_LEASE: dict[str, Any] = {
 }
 """The lease columns of a run that has ended: released (its version stays, for the
 drive that ended it to tell its lease from a takeover)."""
-
-
-class LeaseLost(Exception):
-    """This worker's lease on the run was taken over: it must stop writing to the run."""
 
 
 def _transition_changes(
@@ -97,59 +70,6 @@ def _transition_changes(
         {**fields, "state": target, "updated_at": _ts()},
         [*events, (EventType.STATE, state_event)],
     )
-
-
-def _plain_read(sql: str) -> bool:
-    head = sql.lstrip()[:6].upper()
-    return head == "SELECT" and "FOR UPDATE" not in sql.upper()
-
-
-class StoreTx:
-    """One writing transaction of the store, around the dialect's connection.
-
-    The lease fence is checked lazily, just before the first statement that
-    writes or locks (so a transaction that turns out to only read pays nothing),
-    or folded into the statement that locks the run row (:meth:`StoreCore._lock_run`).
-    Either way the run row stays locked from the check to the commit, so a
-    takeover cannot slip in between. Events appended here are announced once per
-    run, with the last seq, when the transaction ends.
-    """
-
-    def __init__(self, store: StoreCore, inner: Tx, fence: tuple[str, int] | None) -> None:
-        self.store = store
-        self.inner = inner
-        self.fence = fence
-        self.appended: dict[str, int] = {}
-        self.announced: dict[str, int] = {}
-        self.rows: dict[str, list[Row]] = {}
-        """The event rows appended, per run, as they are stored."""
-        """Runs whose last appended seq a statement of this transaction already announced."""
-
-    def take_fence(self, run_id: str) -> int | None:
-        """The fencing token, if it is still to be checked and is on ``run_id``: the
-        caller checks it in its own statement on the run row."""
-        if self.fence is None or self.fence[0] != run_id:
-            return None
-        version = self.fence[1]
-        self.fence = None
-        return version
-
-    async def _guard(self, sql: str) -> None:
-        if self.fence is not None and not _plain_read(sql):
-            fence, self.fence = self.fence, None
-            await self.store._check_fence(self.inner, *fence)
-
-    async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
-        await self._guard(sql)
-        await self.inner.execute(sql, params)
-
-    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
-        await self._guard(sql)
-        return await self.inner.fetchone(sql, params)
-
-    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        await self._guard(sql)
-        return await self.inner.fetchall(sql, params)
 
 
 class StoreCore(ABC):
@@ -204,7 +124,7 @@ class StoreCore(ABC):
                 self._notify(tx.appended, tx.rows)
 
         async with self._ordered() as pending, self._tx(committed) as inner:
-            tx = StoreTx(self, inner, self._fence)
+            tx = StoreTx(inner, self._fence, self._check_fence)
             for change in pending:
                 await self._write_deferred(tx, change)
             yield tx
@@ -440,55 +360,6 @@ class StoreCore(ABC):
         else:
             await tx.execute(insert, params)
         tx.appended[run_id] = max(last_seq, tx.appended.get(run_id, 0))
-
-    async def _page(
-        self,
-        table: str,
-        where: list[str],
-        params: list[Any],
-        keys: tuple[str, str],
-        *,
-        limit: int,
-        cursor: str | None,
-        newest_first: bool = False,
-        runs: bool = True,
-        any_of: tuple[str, Sequence[Any]] = ("", ()),
-    ) -> tuple[list[Row], str | None]:
-        """One page of ``table``'s rows matching ``where``, in ``keys`` order (a time,
-        then a unique key), by keyset (a row written meanwhile never shifts a page); the
-        next page's cursor, tagged with the table (None: the last page). ``runs``: as
-        for :meth:`read`. ``any_of``: a column and the values it may hold, each read
-        from its own index range in order and merged (an IN list made both dialects
-        filter the whole time index, or sort every match, for a page)."""
-        first, second = keys
-        op, order = ("<", "DESC") if newest_first else (">", "ASC")
-        if cursor:
-            at, key = decode_cursor(cursor, kind=table)
-            try:
-                datetime.fromisoformat(at)
-            except ValueError:
-                raise RuntimeProblem(Code.VALIDATION_ERROR, "cursor is not valid") from None
-            # A row value, not (a < ? OR (a = ? AND b < ?)): both dialects read it as a
-            # range of the index, where the OR was a filter on every row before it.
-            where = [*where, f"({first}, {second}) {op} (?, ?)"]
-            params = [*params, at, key]
-        column, values = any_of
-        ordered = f"ORDER BY {first} {order}, {second} {order} LIMIT ?"
-        conditions = " AND ".join([*where, f"{column} = ?"] if values else where)
-        sql = f"SELECT * FROM {table} WHERE {conditions} {ordered}"
-        args = [*params, *values, limit + 1]
-        if len(values) > 1:
-            branches = " UNION ALL ".join(
-                f"SELECT * FROM ({sql}) AS b{i}" for i in range(len(values))
-            )
-            sql = f"SELECT * FROM ({branches}) AS merged {ordered}"
-            args = [a for v in values for a in (*params, v, limit + 1)] + [limit + 1]
-        async with self.read(runs=runs) as tx:
-            rows = await tx.fetchall(sql, args)
-        if len(rows) <= limit:
-            return rows, None
-        last = rows[limit - 1]
-        return rows[:limit], encode_cursor(table, str(last[first]), str(last[second]))
 
     async def _insert_once(
         self, tx: Tx, table: str, key: str, data: dict[str, Any], returning: str | None = None

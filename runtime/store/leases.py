@@ -10,9 +10,9 @@ from runtime.store.core import (
     ENDED,
     EVENTS_CHANNEL,
     WORK_CHANNEL,
-    Row,
     StoreCore,
 )
+from runtime.store.tx import Row
 
 __all__ = ["CANCEL_CHANNEL", "EVENTS_CHANNEL", "WORK_CHANNEL", "LeaseQueries"]
 

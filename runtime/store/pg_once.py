@@ -22,7 +22,8 @@ from runtime.events import EventType
 from runtime.model import Run, Step, ToolCall
 from runtime.store.base import ACTIVE_STATES, RunStore, created_event, run_row, tenant_limit
 from runtime.store.codec import _dec, _enc, _enc_col, _ts, event_row
-from runtime.store.core import EVENTS_CHANNEL, WORK_CHANNEL, LeaseLost, Row
+from runtime.store.core import EVENTS_CHANNEL, WORK_CHANNEL
+from runtime.store.tx import LeaseLost, Row
 
 _FENCE = "f AS (SELECT run_id FROM runs WHERE run_id = %s AND lease_version = %s FOR UPDATE)"
 

@@ -17,9 +17,9 @@ from runtime import failpoints
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, State, Trigger, transition
-from runtime.store.base import Row, Tx
+from runtime.store.base import LeaseLost, Row, Tx
 from runtime.store.codec import _enc, _enc_col, _ts, event_row
-from runtime.store.core import EVENTS_CHANNEL, LeaseLost, _transition_changes
+from runtime.store.core import EVENTS_CHANNEL, _transition_changes
 from runtime.store.journal import PendingTransition
 from runtime.store.pg_once import PgSingleStatements
 

@@ -38,7 +38,8 @@ from runtime.model import (
     problems_of,
 )
 from runtime.store.codec import _dec
-from runtime.store.core import Row, StoreCore, Tx
+from runtime.store.core import StoreCore
+from runtime.store.tx import Row, Tx
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)

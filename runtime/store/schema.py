@@ -221,3 +221,19 @@ MIGRATIONS: list[list[str]] = [
         "DROP INDEX IF EXISTS approvals_status",
     ],
 ]
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was migrated by a newer agent-runtime than this one."""
+
+
+def check_schema_version(current: int | None) -> None:
+    """Refuse a database whose schema is ``current``, if a newer version migrated it."""
+    if current is not None and current > len(MIGRATIONS):
+        # Rolled back onto a database a newer version has migrated: its rows have
+        # columns and meanings this code would write around, silently wrong.
+        raise SchemaTooNew(
+            f"the database's schema is version {current}, newer than this "
+            f"agent-runtime knows ({len(MIGRATIONS)}): start the version that "
+            "migrated it, or restore a backup from before it did"
+        )

@@ -13,7 +13,8 @@ from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger
 from runtime.model import Outcome
 from runtime.store.codec import _enc_col, _ts
-from runtime.store.core import Row, StoreCore
+from runtime.store.core import StoreCore
+from runtime.store.tx import Row
 
 log = logging.getLogger(__name__)
 

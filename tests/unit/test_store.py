@@ -19,9 +19,8 @@ from runtime.lifecycle import State, Trigger
 from runtime.model import Approval, BudgetLimits, PendingApproval, RunOptions, utcnow
 from runtime.store import leases
 from runtime.store.base import RunStore
-from runtime.store.core import SchemaTooNew
 from runtime.store.leases import CLAIM_SPARE
-from runtime.store.schema import MIGRATIONS
+from runtime.store.schema import MIGRATIONS, SchemaTooNew
 from runtime.store.sqlite import SqliteRunStore
 from tests.unit.conftest import MakeRun, build_run
 
