@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel
 
 from runtime import failpoints
 from runtime.aio import to_the_end
+from runtime.attempts import BACKOFF_MAX_S, run_handler
 from runtime.breaker import BREAKERS, Breaker
-from runtime.dberrors import ServiceUnavailable, serving
+from runtime.dberrors import serving
 from runtime.errors import Code
 from runtime.events import summarize
 from runtime.ids import idempotency_key
 from runtime.model import ToolCall, utcnow
+from runtime.reconcile import final_answer, reconcile_in_time
 from runtime.recording import Finished, Recording
 from runtime.scrubbing import scrub as scrub
 from runtime.scrubbing import secret_values as secret_values
@@ -32,18 +32,14 @@ from runtime.services import NodeStore, close_call
 from runtime.storable import plain_json
 from runtime.tooling import (
     ArtifactSink,
-    ToolBusinessError,
     ToolContext,
     ToolSpec,
-    ToolUnavailable,
 )
 
 log = logging.getLogger(__name__)
 
 INLINE_OUTPUT_BYTES = 4096
 """Outputs larger than this become an artifact; the ledger and checkpoint keep the ref."""
-BACKOFF_BASE_S = 0.05
-BACKOFF_MAX_S = 2.0
 FINISHED = ("succeeded", "failed", "unknown", "cancelled")
 _IN_FLIGHT: set[str] = set()
 """tool_call_ids whose execute_once is under way in this process."""
@@ -100,107 +96,6 @@ def new_ledger_row(
     )
 
 
-class ReconcileFailed(Exception):
-    """A tool's reconcile raised; its message has the secret args' values scrubbed."""
-
-
-class ReconcileUnanswered(ConnectionError):
-    """A tool's reconcile gave no answer within the tool's timeout: as transient as a
-    database that does not answer (the drive is retried), and not a ``TimeoutError``,
-    which out of a graph means the run's own time budget ran out."""
-
-    def __init__(self, message: str, tool_call_id: str) -> None:
-        super().__init__(message)
-        self.tool_call_id = tool_call_id
-        """The call whose outcome is still unknown."""
-
-
-async def _reconcile(spec: ToolSpec, args: BaseModel, tctx: ToolContext) -> Any | None:
-    assert spec.reconcile is not None
-    failpoints.hit("reconcile", spec.name)
-    try:
-        return await spec.reconcile(args, tctx)
-    except Exception as exc:
-        secrets = secret_values(spec, args)
-        if not secrets:
-            raise
-        if isinstance(exc, ServiceUnavailable):  # still ours, not the tool's
-            raise ServiceUnavailable(scrub(str(exc), secrets)) from None
-        # The drive fails with this message and logs it; the original would carry the
-        # values in its text and traceback.
-        raise ReconcileFailed(f"{spec.ref} reconcile: {scrub(repr(exc), secrets)}") from None
-
-
-async def _reconcile_in_time(spec: ToolSpec, args: BaseModel, tctx: ToolContext) -> Any | None:
-    """:func:`_reconcile` within the tool's timeout, or :class:`ReconcileUnanswered`."""
-    try:
-        return await asyncio.wait_for(_reconcile(spec, args, tctx), spec.timeout_s)
-    except TimeoutError:
-        raise ReconcileUnanswered(
-            f"{spec.ref} reconcile did not answer within {spec.timeout_s}s", tctx.tool_call_id
-        ) from None
-
-
-@dataclass
-class HandlerRun:
-    """What a handler's attempts came to, after bounded retries of transient faults."""
-
-    status: str
-    output: Any
-    error: dict[str, Any] | None
-    attempts: int
-    retried: list[dict[str, Any]]
-    """Why each attempt before the last failed (``attempt``, ``code``, ``message``):
-    the record says why a call took more than one."""
-
-
-async def _run_handler(
-    spec: ToolSpec, args: BaseModel, tctx: ToolContext, first_attempt: int
-) -> HandlerRun:
-    """Run the handler, retrying transient faults; ``first_attempt``: the number of
-    this run's first attempt in the row's count (earlier drives may have made some).
-
-    An error's message is the handler's own text, which may quote its arguments: the
-    values of secret args are scrubbed from it before it reaches the ledger, events,
-    the planner or the log.
-    """
-    # A side effect that is not idempotent is never retried blind: a timeout may
-    # come after the effect. The caller reconciles or marks the outcome unknown.
-    max_attempts = 1 if spec.side_effect and not spec.idempotent else spec.max_attempts
-    secrets = secret_values(spec, args)
-    retried: list[dict[str, Any]] = []
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            output = await asyncio.wait_for(spec.handler(args, tctx), spec.timeout_s)
-            return HandlerRun("succeeded", output, None, attempt, retried)
-        except ToolBusinessError as exc:
-            error = {"code": Code.TOOL_BUSINESS_ERROR, "message": scrub(str(exc), secrets)}
-            return HandlerRun("failed", None, error, attempt, retried)
-        except (ToolUnavailable, TimeoutError) as exc:
-            message = scrub(str(exc), secrets) or f"{spec.ref} timed out after {spec.timeout_s}s"
-            error = {"code": Code.TOOL_UNAVAILABLE, "message": message}
-            if attempt >= max_attempts:
-                return HandlerRun("failed", None, error, attempt, retried)
-            # Bounded: a handler's text may be long, and max_attempts of them go in one event.
-            retried.append(
-                {**error, "message": summarize(message), "attempt": first_attempt + attempt - 1}
-            )
-            delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
-            await asyncio.sleep(delay * (0.5 + random.random()))
-        except (asyncio.CancelledError, ServiceUnavailable):
-            raise  # ours, not the tool's: the drive is handed back, the call left running
-        except Exception as exc:
-            message = scrub(repr(exc), secrets)
-            if secrets:  # a traceback would print the unscrubbed message
-                log.error("tool %s failed: %s", spec.ref, message)
-            else:
-                log.exception("tool %s failed", spec.ref)
-            error = {"code": Code.TOOL_FAILED, "message": message}
-            return HandlerRun("failed", None, error, attempt, retried)
-
-
 async def _finish(
     store: NodeStore,
     row: ToolCall,
@@ -236,23 +131,6 @@ async def _finish(
     )
 
 
-async def _final_answer(
-    spec: ToolSpec, args: BaseModel, tctx: ToolContext, tool_call_id: str
-) -> tuple[bool, Any]:
-    """Ask ``reconcile`` about a call cut off (``cut_off`` set: the answer is final),
-    within the tool's timeout: (True, output) if the effect took place, (True, None) if
-    it did not, (False, None) where nobody can tell (no reconcile, or it failed or hung:
-    a system that is down must not hold the run up)."""
-    if spec.reconcile is None:
-        return False, None
-    try:
-        found = await _reconcile_in_time(spec, args, replace(tctx, cut_off=True))
-    except Exception as exc:
-        log.warning("reconcile of cut-off call %s failed: %r", tool_call_id, exc)
-        return False, None
-    return True, found
-
-
 async def settle_cut_off(
     store: NodeStore,
     spec: ToolSpec,
@@ -268,7 +146,7 @@ async def settle_cut_off(
     where nobody can tell (no reconcile, or it failed or outlasted the tool's timeout):
     the caller records an effect that may have happened.
     """
-    known, found = await _final_answer(spec, args, tctx, row.tool_call_id)
+    known, found = await final_answer(spec, args, tctx, row.tool_call_id)
     if not known:
         return None
     if found is not None:
@@ -353,7 +231,7 @@ async def _execute(
         if spec.reconcile is not None:
             # A system that does not answer fails this drive (a retry asks again) rather
             # than holding the run, and its lease, for ever.
-            found = await _reconcile_in_time(spec, args, tctx)
+            found = await reconcile_in_time(spec, args, tctx)
             if found is not None:
                 return await _finish(store, current, "succeeded", found, None, 0, tctx.artifacts)
         elif not spec.idempotent:
@@ -416,7 +294,7 @@ async def _run_claimed(
     # closes it with interrupt_running_calls.
     try:
         failpoints.hit("tool.before", spec.name)
-        ran = await _run_handler(spec, args, tctx, current.attempts)
+        ran = await run_handler(spec, args, tctx, current.attempts)
     except BaseException:
         breaker.trial_in_flight = False  # cancelled: says nothing about the tool
         raise
@@ -433,7 +311,7 @@ async def _run_claimed(
         # Timed out, or given up on by its own handler: work it started may still land
         # (a thread, a request in flight), and this answer is final (the call is not
         # run again under its key), as after a cancel: ``cut_off``.
-        known, found = await _final_answer(spec, args, tctx, current.tool_call_id)
+        known, found = await final_answer(spec, args, tctx, current.tool_call_id)
         if found is not None:
             status, output, error = "succeeded", found, None
         elif known:

@@ -62,7 +62,7 @@ class Finished:
     tries: int
     """Further attempts the handler made itself (retries of transient faults)."""
     retried: Sequence[dict[str, Any]] = ()
-    """Why each of the attempts before its last failed (runtime.ledger.HandlerRun)."""
+    """Why each of the attempts before its last failed (runtime.attempts.HandlerRun)."""
 
 
 class Unrecorded:

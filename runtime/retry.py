@@ -28,8 +28,8 @@ from runtime.adapter import fail_run, failure_trigger
 from runtime.cancelling import CallSetting, CutOff, fail_cut_off
 from runtime.dberrors import DATABASE_ERRORS, TRANSIENT_DB_ERRORS
 from runtime.errors import Code
-from runtime.ledger import ReconcileUnanswered
 from runtime.model import problems_of
+from runtime.reconcile import ReconcileUnanswered
 from runtime.store.base import DriveStart, LeaseLost, RunStore
 
 log = logging.getLogger("runtime.engine")

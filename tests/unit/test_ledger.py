@@ -20,16 +20,15 @@ from runtime.breaker import BREAKERS
 from runtime.events import EventType
 from runtime.ledger import (
     INLINE_OUTPUT_BYTES,
-    ReconcileFailed,
-    ReconcileUnanswered,
     StoreArtifacts,
-    _reconcile,
     execute_once,
     new_ledger_row,
     scrub,
     secret_values,
 )
 from runtime.model import RunContext, ToolCall
+from runtime.reconcile import ReconcileFailed, ReconcileUnanswered
+from runtime.reconcile import reconcile as ask_reconcile
 from runtime.store.base import RunStore
 from runtime.tooling import REDACTED, ToolBusinessError, ToolContext, ToolSpec, ToolUnavailable
 from tests.unit.conftest import MakeRun
@@ -424,7 +423,7 @@ async def test_a_failing_reconcile_does_not_carry_the_secret_out() -> None:
     spec = _secret_spec(reconcile=reconcile)
     tctx = ToolContext("run-1", "tc-1", "key", RunContext(), StoreArtifacts(None, None))  # type: ignore[arg-type]
     with pytest.raises(ReconcileFailed) as info:
-        await _reconcile(spec, Args(label=secret), tctx)
+        await ask_reconcile(spec, Args(label=secret), tctx)
 
     assert secret not in str(info.value) and REDACTED in str(info.value)
     assert info.value.__cause__ is None and info.value.__suppress_context__

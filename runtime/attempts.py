@@ -1,0 +1,82 @@
+"""Running a tool's handler: its timeout, and bounded retries of transient faults."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from runtime.dberrors import ServiceUnavailable
+from runtime.errors import Code
+from runtime.events import summarize
+from runtime.scrubbing import scrub, secret_values
+from runtime.tooling import ToolBusinessError, ToolContext, ToolSpec, ToolUnavailable
+
+log = logging.getLogger(__name__)
+
+BACKOFF_BASE_S = 0.05
+BACKOFF_MAX_S = 2.0
+
+
+@dataclass
+class HandlerRun:
+    """What a handler's attempts came to, after bounded retries of transient faults."""
+
+    status: str
+    output: Any
+    error: dict[str, Any] | None
+    attempts: int
+    retried: list[dict[str, Any]]
+    """Why each attempt before the last failed (``attempt``, ``code``, ``message``):
+    the record says why a call took more than one."""
+
+
+async def run_handler(
+    spec: ToolSpec, args: BaseModel, tctx: ToolContext, first_attempt: int
+) -> HandlerRun:
+    """Run the handler, retrying transient faults; ``first_attempt``: the number of
+    this run's first attempt in the row's count (earlier drives may have made some).
+
+    An error's message is the handler's own text, which may quote its arguments: the
+    values of secret args are scrubbed from it before it reaches the ledger, events,
+    the planner or the log.
+    """
+    # A side effect that is not idempotent is never retried blind: a timeout may
+    # come after the effect. The caller reconciles or marks the outcome unknown.
+    max_attempts = 1 if spec.side_effect and not spec.idempotent else spec.max_attempts
+    secrets = secret_values(spec, args)
+    retried: list[dict[str, Any]] = []
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            output = await asyncio.wait_for(spec.handler(args, tctx), spec.timeout_s)
+            return HandlerRun("succeeded", output, None, attempt, retried)
+        except ToolBusinessError as exc:
+            error = {"code": Code.TOOL_BUSINESS_ERROR, "message": scrub(str(exc), secrets)}
+            return HandlerRun("failed", None, error, attempt, retried)
+        except (ToolUnavailable, TimeoutError) as exc:
+            message = scrub(str(exc), secrets) or f"{spec.ref} timed out after {spec.timeout_s}s"
+            error = {"code": Code.TOOL_UNAVAILABLE, "message": message}
+            if attempt >= max_attempts:
+                return HandlerRun("failed", None, error, attempt, retried)
+            # Bounded: a handler's text may be long, and max_attempts of them go in one event.
+            retried.append(
+                {**error, "message": summarize(message), "attempt": first_attempt + attempt - 1}
+            )
+            delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
+            await asyncio.sleep(delay * (0.5 + random.random()))
+        except (asyncio.CancelledError, ServiceUnavailable):
+            raise  # ours, not the tool's: the drive is handed back, the call left running
+        except Exception as exc:
+            message = scrub(repr(exc), secrets)
+            if secrets:  # a traceback would print the unscrubbed message
+                log.error("tool %s failed: %s", spec.ref, message)
+            else:
+                log.exception("tool %s failed", spec.ref)
+            error = {"code": Code.TOOL_FAILED, "message": message}
+            return HandlerRun("failed", None, error, attempt, retried)
