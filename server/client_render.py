@@ -42,6 +42,10 @@ ASCII = {
 }
 
 
+CALL_TAG_CHARS = 6
+"""Hex digits of a tool_call_id shown on its events: distinct between a run's calls."""
+
+
 def symbols_for(stream: TextIO) -> dict[str, str]:
     encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
     return UNICODE if encoding in ("utf8", "utf8sig") else ASCII
@@ -70,7 +74,8 @@ class Renderer:
 
     def clip(self, text: str, width: int | None = None) -> str:
         limit = max(20, width or self.width)
-        return text if len(text) <= limit else text[: limit - 1] + self.sym["more"]
+        more = self.sym["more"]  # "..." in ASCII: the clipped line is no longer for it
+        return text if len(text) <= limit else text[: limit - len(more)] + more
 
     # -- events -----------------------------------------------------------------
 
@@ -91,19 +96,22 @@ class Renderer:
             return f"{s['state']} {d.get('from')} {s['arrow']} {d.get('to')} ({d.get('trigger')})"
         handoff = d.get("handoff")
         if kind in ("action", "result") and isinstance(handoff, dict):
-            what = handoff.get("task") if kind == "action" else d.get("output")
-            return (
-                f"{s['arrow']} handoff {handoff.get('phase')} {handoff.get('from_agent')} "
-                f"{s['arrow']} {handoff.get('to_agent')} (depth {handoff.get('depth')}): "
-                f"{compact(what or '')}"
+            route = (
+                f"handoff {handoff.get('phase')} {handoff.get('from_agent')} "
+                f"{s['arrow']} {handoff.get('to_agent')} (depth {handoff.get('depth')})"
             )
+            if kind == "result" and d.get("status") != "succeeded":  # failed, cancelled
+                return f"{s['bad']} {route} {d.get('status')}{self.error_suffix(d)}"
+            what = handoff.get("task") if kind == "action" else d.get("output")
+            return f"{s['arrow']} {route}: {compact(what or '')}"
+        call = f"{d.get('tool')}{self.call_tag(d)}"
         if kind == "action":
-            return f"{s['action']} {d.get('tool')} {compact(d.get('args', ''))}"
+            return f"{s['action']} {call}{self.rerun_note(d)} {compact(d.get('args', ''))}"
         if kind == "result":
+            retried = self.retried_note(d.get("retried"))
             if d.get("status") == "succeeded":
-                return f"{s['ok']} {d.get('tool')} {s['arrow']} {compact(d.get('output'))}"
-            error = f": {self.error_text(d['error'])}" if d.get("error") else ""
-            return f"{s['bad']} {d.get('tool')} {d.get('status')}{error}"
+                return f"{s['ok']} {call}{retried} {s['arrow']} {compact(d.get('output'))}"
+            return f"{s['bad']} {call} {d.get('status')}{retried}{self.error_suffix(d)}"
         if kind == "artifact":
             return (
                 f"{s['artifact']} artifact {d.get('name')} ({d.get('media_type')}, "
@@ -124,6 +132,40 @@ class Renderer:
             recovery = f" [{d['recovery']}]" if d.get("recovery") else ""
             return f"{s['bad']} {d.get('code')}: {compact(d.get('message', ''))}{recovery}"
         return f"{s['other']} {kind} {compact(d)}"
+
+    def call_tag(self, data: JSON) -> str:
+        """`` tc-3f2a91``: the start of the call's tool_call_id (as ``trace`` lists it),
+        so that an action pairs with its result when a step runs one tool twice."""
+        call_id = data.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            return ""
+        prefix, dash, digest = call_id.partition("-")
+        return f" {prefix}{dash}{digest[:CALL_TAG_CHARS]}" if dash else f" {call_id[:12]}"
+
+    def rerun_note(self, data: JSON) -> str:
+        """`` (rerun, attempt 2)``: an action run again (its drive stopped, or a human
+        said so)."""
+        if not data.get("rerun"):
+            return ""
+        attempt = data.get("attempt")
+        return f" (rerun, attempt {compact(attempt)})" if attempt is not None else " (rerun)"
+
+    def retried_note(self, retried: Any) -> str:
+        """`` (after 2 earlier attempts: TOOL_UNAVAILABLE)``: the attempts before a
+        result's own, which had no outcome of their own; their distinct codes."""
+        if not isinstance(retried, list) or not retried:
+            return ""
+        codes: list[str] = []
+        for item in retried:
+            code = compact(item.get("code") or "") if isinstance(item, dict) else ""
+            if code and code not in codes:
+                codes.append(code)
+        plural = "s" if len(retried) != 1 else ""
+        why = ", ".join(codes[:3]) + (f", {self.sym['more']}" if len(codes) > 3 else "")
+        return f" (after {len(retried)} earlier attempt{plural}{': ' if why else ''}{why})"
+
+    def error_suffix(self, data: JSON) -> str:
+        return f": {self.error_text(data['error'])}" if data.get("error") else ""
 
     def error_text(self, error: Any) -> str:
         if isinstance(error, dict):

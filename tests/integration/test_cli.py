@@ -81,7 +81,7 @@ def test_follow_park_approve_and_audit(server: ServerProcess) -> None:
     run_id, approval_id = approval_hint(parked.stdout)
     lines = parked.stdout.splitlines()
     assert lines[0] == f"created {run_id} (agent retail_analyst)"
-    assert re.match(r"\[  4\] executing +▶ query_sales \{", lines[4]), lines[4]
+    assert re.match(r"\[  4\] executing +▶ query_sales tc-[0-9a-f]{6} \{", lines[4]), lines[4]
     assert f"approval {approval_id} needed: publish_report" in parked.stdout
     assert "waiting_human ● executing → waiting_human" in parked.stdout
     assert "for:     a user with the approver role in local, not admin" in parked.stdout

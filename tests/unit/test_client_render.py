@@ -6,8 +6,9 @@ import argparse
 import io
 from typing import Any
 
+from runtime.ids import tool_call_id
 from server.cli_client import EXIT_RUNNING, Cli
-from server.client_render import ASCII, Printer, Renderer
+from server.client_render import ASCII, UNICODE, Printer, Renderer
 
 RENDER = Renderer(ASCII, width=160, command="agent-runtime")
 
@@ -64,3 +65,113 @@ def test_a_cancel_accepted_for_later_says_so() -> None:
     accepted, ending = out.getvalue().splitlines()
     assert accepted == "cancel of run-1 accepted; it ends when a worker acts on it"
     assert "run-1 is pending; follow it with" in ending
+
+
+def event_line(type_: str, data: dict[str, Any]) -> str:
+    return RENDER.event_text({"type": type_, "data": data})
+
+
+HANDOFF_RETURN = {
+    "phase": "return",
+    "from_agent": "psub",
+    "to_agent": "probe",
+    "step_index": 1,
+    "depth": 1,
+    "artifacts": [],
+}
+
+
+def test_a_handoff_that_did_not_return_an_answer_says_how_it_ended() -> None:
+    """A failed or cancelled handback read like a normal return, its status and error
+    left out."""
+    failed = {
+        "tool_call_id": "ho-0123456789abcdef",
+        "tool": "handoff_to_psub",
+        "status": "failed",
+        "output": None,
+        "error": {"code": "TOOL_FAILED", "message": "boom\nat line 2"},
+        "handoff": HANDOFF_RETURN,
+    }
+    assert event_line("result", failed) == (
+        "x handoff return psub -> probe (depth 1) failed: TOOL_FAILED: boom at line 2"
+    )
+    cancelled = {**failed, "status": "cancelled", "error": None}
+    assert event_line("result", cancelled) == "x handoff return psub -> probe (depth 1) cancelled"
+    returned = {**failed, "status": "succeeded", "output": "the report", "error": None}
+    assert event_line("result", returned) == (
+        "-> handoff return psub -> probe (depth 1): the report"
+    )
+    unicode = Renderer(UNICODE).event_text({"type": "result", "data": failed})
+    assert unicode.startswith("✘ handoff return psub → probe (depth 1) failed: TOOL_FAILED")
+
+
+def test_an_action_run_again_says_so() -> None:
+    first = {"tool_call_id": "tc-3f2a91c0ffee0000", "tool": "slowi", "args": '{"s": 1}'}
+    assert event_line("action", first) == '> slowi tc-3f2a91 {"s": 1}'
+    after_a_stop = {**first, "rerun": True, "attempt": 2}
+    assert event_line("action", after_a_stop) == '> slowi tc-3f2a91 (rerun, attempt 2) {"s": 1}'
+    told_to = {**first, "rerun": True}  # a human's "run it again": no attempt given
+    assert event_line("action", told_to) == '> slowi tc-3f2a91 (rerun) {"s": 1}'
+
+
+def test_a_result_after_failed_attempts_says_why_they_failed() -> None:
+    retried = [
+        {"attempt": 1, "code": "TOOL_UNAVAILABLE", "message": "down"},
+        {"attempt": 2, "code": "TOOL_UNAVAILABLE", "message": "still down"},
+    ]
+    ok = {
+        "tool_call_id": "tc-aaaaaa0000000000",
+        "tool": "flip",
+        "status": "succeeded",
+        "output": '{"side": "heads"}',
+        "error": None,
+        "retried": retried,
+    }
+    assert event_line("result", ok) == (
+        '+ flip tc-aaaaaa (after 2 earlier attempts: TOOL_UNAVAILABLE) -> {"side": "heads"}'
+    )
+    stopped = {"attempt": 3, "code": "TOOL_OUTCOME_UNKNOWN", "message": "its drive stopped"}
+    failed = {
+        **ok,
+        "status": "failed",
+        "output": None,
+        "error": {"code": "TOOL_UNAVAILABLE", "message": "down"},
+        "retried": [*retried, stopped],
+    }
+    assert event_line("result", failed) == (
+        "x flip tc-aaaaaa failed (after 3 earlier attempts: TOOL_UNAVAILABLE, "
+        "TOOL_OUTCOME_UNKNOWN): TOOL_UNAVAILABLE: down"
+    )
+    one = event_line("result", {**ok, "retried": retried[:1]})
+    assert "(after 1 earlier attempt: TOOL_UNAVAILABLE) ->" in one
+    # Bounded, and before the output: a long output clipped to the width keeps it.
+    many = [{"attempt": i, "code": f"CODE_{i}", "message": "x" * 500} for i in range(50)]
+    long = RENDER.event(
+        {"seq": 9, "type": "result", "data": {**ok, "retried": many, "output": "y" * 900}},
+        "executing",
+    )
+    assert len(long) <= 160
+    assert "(after 50 earlier attempts: CODE_0, CODE_1, CODE_2, ...) -> yyy" in long
+
+
+def test_two_calls_of_one_tool_in_a_step_pair_with_their_results() -> None:
+    """[ok, boom, ok]: two identical `> ok` lines could not be told apart."""
+    calls = [tool_call_id("run-1", 2, i) for i in range(3)]
+    actions = [
+        event_line("action", {"tool_call_id": c, "tool": t, "args": "{}"})
+        for c, t in zip(calls, ("ok", "boom", "ok"), strict=True)
+    ]
+    assert len(set(actions)) == 3
+    results = [
+        event_line(
+            "result", {"tool_call_id": c, "tool": "ok", "status": "succeeded", "output": "1"}
+        )
+        for c in (calls[2], calls[0])  # in the order they finished
+    ]
+    for action, result in zip((actions[2], actions[0]), results, strict=True):
+        tag = action.split()[2]
+        assert tag.startswith("tc-") and len(tag) == 9 and calls[0] != calls[2]
+        assert result.split()[:3] == ["+", "ok", tag]
+    # The tag is the start of the id `trace` lists; it differs between a run's calls.
+    every = {tool_call_id("run-1", step, i)[:9] for step in range(200) for i in range(4)}
+    assert len(every) == 800
