@@ -110,18 +110,29 @@ def make_executor_node(tools: ToolResolver) -> NodeFn:
                 current = await ctx.store.get_tool_call(row.tool_call_id)
                 if current is not None and current.status == "unknown":
                     # The log shows it run again: a second action, answered by a result.
+                    # Its attempts so far were answered by the `unknown` result: the
+                    # re-run's own result lists only its own.
                     await ctx.store.update_tool_call(
                         row.tool_call_id,
                         from_status=("unknown",),
                         status="running",
                         error=None,
-                        action={**action, "rerun": True},
+                        retried=[],
+                        action={**action, "rerun": True, "attempt": current.attempts + 1},
                     )
                     rerun = True
                 elif current is not None and current.status == "running":
                     rerun = current.attempts == call["unknown_after_attempts"]
             return await execute_once(
-                ctx.store, spec, row, args, tctx, action, rerun=rerun, recording=ctx.recording
+                ctx.store,
+                spec,
+                row,
+                args,
+                tctx,
+                action,
+                rerun=rerun,
+                recording=ctx.recording,
+                answered=int(call.get("unknown_after_attempts") or 0),
             )
 
         calls = state.get("calls", [])

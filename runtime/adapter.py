@@ -24,8 +24,8 @@ from runtime.events import EventType
 from runtime.ids import handoff_key, proposed_calls
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger, forward_trigger
 from runtime.model import Outcome, PendingApproval, Run, ToolCall
+from runtime.services import closed_as
 from runtime.store.base import RunStore, readable_events
-from runtime.store.tool_calls import closed_as
 
 log = logging.getLogger(__name__)
 

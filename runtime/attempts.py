@@ -6,7 +6,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -29,17 +29,24 @@ class HandlerRun:
     status: str
     output: Any
     error: dict[str, Any] | None
-    attempts: int
-    retried: list[dict[str, Any]]
-    """Why each attempt before the last failed (``attempt``, ``code``, ``message``):
-    the record says why a call took more than one."""
+
+
+class Retrying(Protocol):
+    """How a handler's retries reach the ledger: each failure as it happens, each
+    further attempt as it starts, so that a call cut off anywhere between two attempts
+    (in its backoff, say) keeps both on record."""
+
+    async def failed(self, failure: dict[str, Any]) -> None:
+        """Record why the attempt just made failed (``code``, ``message``)."""
+
+    async def again(self) -> None:
+        """Count the next attempt, about to start."""
 
 
 async def run_handler(
-    spec: ToolSpec, args: BaseModel, tctx: ToolContext, first_attempt: int
+    spec: ToolSpec, args: BaseModel, tctx: ToolContext, retrying: Retrying
 ) -> HandlerRun:
-    """Run the handler, retrying transient faults; ``first_attempt``: the number of
-    this run's first attempt in the row's count (earlier drives may have made some).
+    """Run the handler, retrying transient faults (each on record through ``retrying``).
 
     An error's message is the handler's own text, which may quote its arguments: the
     values of secret args are scrubbed from it before it reaches the ledger, events,
@@ -49,27 +56,20 @@ async def run_handler(
     # come after the effect. The caller reconciles or marks the outcome unknown.
     max_attempts = 1 if spec.side_effect and not spec.idempotent else spec.max_attempts
     secrets = secret_values(spec, args)
-    retried: list[dict[str, Any]] = []
     attempt = 0
     while True:
         attempt += 1
         try:
             output = await asyncio.wait_for(spec.handler(args, tctx), spec.timeout_s)
-            return HandlerRun("succeeded", output, None, attempt, retried)
+            return HandlerRun("succeeded", output, None)
         except ToolBusinessError as exc:
             error = {"code": Code.TOOL_BUSINESS_ERROR, "message": scrub(str(exc), secrets)}
-            return HandlerRun("failed", None, error, attempt, retried)
+            return HandlerRun("failed", None, error)
         except (ToolUnavailable, TimeoutError) as exc:
             message = scrub(str(exc), secrets) or f"{spec.ref} timed out after {spec.timeout_s}s"
             error = {"code": Code.TOOL_UNAVAILABLE, "message": message}
             if attempt >= max_attempts:
-                return HandlerRun("failed", None, error, attempt, retried)
-            # Bounded: a handler's text may be long, and max_attempts of them go in one event.
-            retried.append(
-                {**error, "message": summarize(message), "attempt": first_attempt + attempt - 1}
-            )
-            delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
-            await asyncio.sleep(delay * (0.5 + random.random()))
+                return HandlerRun("failed", None, error)
         except (asyncio.CancelledError, ServiceUnavailable):
             raise  # ours, not the tool's: the drive is handed back, the call left running
         except Exception as exc:
@@ -79,4 +79,10 @@ async def run_handler(
             else:
                 log.exception("tool %s failed", spec.ref)
             error = {"code": Code.TOOL_FAILED, "message": message}
-            return HandlerRun("failed", None, error, attempt, retried)
+            return HandlerRun("failed", None, error)
+        # Outside the handler's try: a database error here is the drive's, not the tool's.
+        # Bounded: a handler's text may be long, and max_attempts of them go in one event.
+        await retrying.failed({**error, "message": summarize(error["message"])})
+        delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
+        await asyncio.sleep(delay * (0.5 + random.random()))
+        await retrying.again()

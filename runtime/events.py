@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -36,9 +35,10 @@ def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def result_event(row: ToolCall, retried: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+def result_event(row: ToolCall) -> dict[str, Any]:
     """The ``result`` event of a ledger row that finished (or was closed); ``retried``:
-    why the attempts before its last failed, where some did (absent otherwise)."""
+    why the attempts before its last have no outcome of their own, where there were
+    some (absent otherwise)."""
     event: dict[str, Any] = {
         "tool_call_id": row.tool_call_id,
         "tool": row.tool,
@@ -47,8 +47,8 @@ def result_event(row: ToolCall, retried: Sequence[dict[str, Any]] = ()) -> dict[
         "artifact_id": row.artifact_id,
         "error": row.error,
     }
-    if retried:
-        event["retried"] = list(retried)
+    if row.retried:
+        event["retried"] = list(row.retried)
     return event
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from typing import Any
 
 from pydantic import BaseModel
@@ -20,8 +20,8 @@ from runtime.aio import to_the_end
 from runtime.attempts import BACKOFF_MAX_S, run_handler
 from runtime.breaker import BREAKERS, Breaker
 from runtime.dberrors import serving
-from runtime.errors import Code
-from runtime.events import summarize
+from runtime.errors import CODES, Code
+from runtime.events import EventType, summarize
 from runtime.ids import idempotency_key
 from runtime.model import ToolCall, utcnow
 from runtime.reconcile import final_answer, reconcile_in_time
@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 INLINE_OUTPUT_BYTES = 4096
 """Outputs larger than this become an artifact; the ledger and checkpoint keep the ref."""
 FINISHED = ("succeeded", "failed", "unknown", "cancelled")
+STOPPED_ATTEMPT = (
+    "the drive running this attempt stopped before its outcome was recorded "
+    "(its process stopped or shut down, or the database failed)"
+)
+RECONCILE_FAILED = "asking its reconcile failed: "
 _IN_FLIGHT: set[str] = set()
 """tool_call_ids whose execute_once is under way in this process."""
 
@@ -102,9 +107,8 @@ async def _finish(
     status: str,
     output: Any,
     error: dict[str, Any] | None,
-    attempts: int,
     artifacts: ArtifactSink,
-    retried: Sequence[dict[str, Any]] = (),
+    **changes: Any,
 ) -> ToolCall:
     artifact_ref = None
     if output is not None:
@@ -126,8 +130,7 @@ async def _finish(
         output=output,
         error=error,
         artifact_id=artifact_ref,
-        attempts=row.attempts + attempts,
-        retried=retried,
+        **changes,
     )
 
 
@@ -142,17 +145,32 @@ async def settle_cut_off(
     """Close a side-effecting call a cancel cut off mid-handler, by asking the real
     system what happened (the tool's ``reconcile``): succeeded with its output if the
     effect took place, so it is reported and can be compensated; cancelled with
-    ``took_effect: False`` added to ``error`` (why the run stopped) if it did not. None
-    where nobody can tell (no reconcile, or it failed or outlasted the tool's timeout):
-    the caller records an effect that may have happened.
+    ``took_effect: False`` added to ``error`` (why the run stopped) if it did not.
+    None where nobody can tell (no reconcile, or it failed or outlasted the tool's
+    timeout, which an ``error`` event says): the caller records an effect that may
+    have happened.
     """
-    known, found = await final_answer(spec, args, tctx, row.tool_call_id)
+    known, found, failure = await final_answer(spec, args, tctx, row.tool_call_id)
+    if failure is not None:
+        # Left running: a retried pass of the cancel asks again, and may learn what
+        # happened. Why nobody could tell this time is on the record meanwhile.
+        await store.append_event(
+            row.run_id,
+            EventType.ERROR,
+            {
+                "code": Code.TOOL_OUTCOME_UNKNOWN.value,
+                "message": f"{spec.ref} was cut off mid-call; {RECONCILE_FAILED}{failure}",
+                "tool_call_id": row.tool_call_id,
+                "recovery": CODES[Code.TOOL_OUTCOME_UNKNOWN].recovery,
+            },
+            dedupe_key=f"reconcile-failed:{row.tool_call_id}:{row.attempts}",
+        )
     if not known:
         return None
     if found is not None:
-        return await _finish(store, row, "succeeded", found, None, 0, tctx.artifacts)
+        return await _finish(store, row, "succeeded", found, None, tctx.artifacts)
     error = {**error, "message": f"{error['message']}; it took no effect", "took_effect": False}
-    return await _finish(store, row, "cancelled", None, error, 0, tctx.artifacts)
+    return await _finish(store, row, "cancelled", None, error, tctx.artifacts)
 
 
 async def _await_other_driver(store: NodeStore, row: ToolCall, spec: ToolSpec) -> ToolCall:
@@ -179,11 +197,14 @@ async def execute_once(
     *,
     rerun: bool = False,
     recording: Recording | None = None,
+    answered: int = 0,
 ) -> ToolCall:
     """Run the call described by ``row`` unless the ledger says it already ran.
 
     ``rerun``: a human has ruled on an earlier unknown outcome; run it again.
     ``recording``: the drive's (see :mod:`runtime.recording`).
+    ``answered``: attempts that have a result of their own already (those before a
+    human's "run it again").
     """
     if row.tool_call_id in _IN_FLIGHT:
         # A row this process is running shows an attempt counted, like one left by a
@@ -193,7 +214,7 @@ async def execute_once(
     _IN_FLIGHT.add(row.tool_call_id)
     try:
         recording = recording or Recording()
-        return await _execute(store, spec, row, args, tctx, action, rerun, recording)
+        return await _execute(store, spec, row, args, tctx, action, rerun, recording, answered)
     finally:
         _IN_FLIGHT.discard(row.tool_call_id)
 
@@ -207,6 +228,7 @@ async def _execute(
     action: dict[str, Any],
     rerun: bool,
     recording: Recording,
+    answered: int = 0,
 ) -> ToolCall:
     breaker = BREAKERS.for_tool(spec.ref)
     if breaker.state == "closed":
@@ -233,7 +255,7 @@ async def _execute(
             # than holding the run, and its lease, for ever.
             found = await reconcile_in_time(spec, args, tctx)
             if found is not None:
-                return await _finish(store, current, "succeeded", found, None, 0, tctx.artifacts)
+                return await _finish(store, current, "succeeded", found, None, tctx.artifacts)
         elif not spec.idempotent:
             return await close_call(
                 store,
@@ -245,6 +267,23 @@ async def _execute(
                     "its outcome was recorded (its process stopped, or the database failed)",
                 },
             )
+    # Count the attempt before running, so a crash mid-call is visible on restart. A
+    # call an earlier drive started runs again: the log says so, as for its first run
+    # (a human's "run it again" has written its own).
+    again: dict[str, Any] | None = None
+    retried: list[dict[str, Any]] | None = None  # None: the row's list as it is
+    if current.attempts > 0 and not rerun:
+        again = {**action, "rerun": True, "attempt": current.attempts + 1}
+        # The attempts counted that have no failure on record were cut off: their drives
+        # stopped mid-call (a finished call never gets here). The result says so, or
+        # their `action` events would stay unanswered in the log.
+        on_record = {entry.get("attempt") for entry in current.retried}
+        stopped = [
+            {"code": Code.TOOL_OUTCOME_UNKNOWN, "message": STOPPED_ATTEMPT, "attempt": attempt}
+            for attempt in range(answered + 1, current.attempts + 1)
+            if attempt not in on_record
+        ]
+        retried = [*current.retried, *stopped]
     had_trial = breaker.trial_in_flight
     if not breaker.allow():
         # Fail fast: the tool has been unavailable; the handler is not touched.
@@ -254,20 +293,16 @@ async def _execute(
             "failed",
             None,
             {"code": Code.TOOL_UNAVAILABLE, "message": f"circuit open for {spec.ref}"},
-            0,
             tctx.artifacts,
+            **({} if retried is None else {"retried": retried}),
         )
-    # Count the attempt before running, so a crash mid-call is visible on restart. A
-    # call an earlier drive started runs again: the log says so, as for its first run
-    # (a human's "run it again" has written its own).
-    again = None
-    if current.attempts > 0 and not rerun:
-        again = {**action, "rerun": True, "attempt": current.attempts + 1}
     # The half-open circuit's one trial, if this call is it: one that never reaches the
     # handler must let the next call be the trial, or the circuit stays shut for good.
     trial = breaker.trial_in_flight and not had_trial
     try:
-        claimed = await store.claim_tool_call(current.tool_call_id, current.attempts, again)
+        claimed = await store.claim_tool_call(
+            current.tool_call_id, current.attempts, again, retried
+        )
     except BaseException:
         if trial:
             breaker.trial_in_flight = False
@@ -292,9 +327,10 @@ async def _run_claimed(
     # On cancellation (user cancel, timeout, shutdown) the row stays `running` with its
     # attempt counted: a restart applies the rules above; a run that ends instead
     # closes it with interrupt_running_calls.
+    retrying = _Attempts(store, current)
     try:
         failpoints.hit("tool.before", spec.name)
-        ran = await run_handler(spec, args, tctx, current.attempts)
+        ran = await run_handler(spec, args, tctx, retrying)
     except BaseException:
         breaker.trial_in_flight = False  # cancelled: says nothing about the tool
         raise
@@ -311,7 +347,7 @@ async def _run_claimed(
         # Timed out, or given up on by its own handler: work it started may still land
         # (a thread, a request in flight), and this answer is final (the call is not
         # run again under its key), as after a cancel: ``cut_off``.
-        known, found = await final_answer(spec, args, tctx, current.tool_call_id)
+        known, found, failure = await final_answer(spec, args, tctx, current.tool_call_id)
         if found is not None:
             status, output, error = "succeeded", found, None
         elif known:
@@ -321,17 +357,42 @@ async def _run_claimed(
             # Nobody can tell (no reconcile, or it failed): the effect may have happened.
             # Not left running either: the next drive would run the handler again.
             status = "unknown"
+            why = "" if failure is None else f"; {RECONCILE_FAILED}{failure}"
             error = {
                 "code": Code.TOOL_OUTCOME_UNKNOWN,
-                "message": f"{error['message']}; the effect may have happened",
+                "message": f"{error['message']}; the effect may have happened{why}",
             }
     # Once the handler has returned, its outcome must reach the ledger, and before a
     # cancellation goes on: a cancel then settles the calls it finds still running. A
     # database blip meanwhile must not lose it (see runtime.recording).
-    finished = Finished(
-        current.run_id, current.attempts, status, output, error, ran.attempts - 1, ran.retried
-    )
-    return await to_the_end(_record(store, current, finished, tctx, recording))
+    latest = retrying.row
+    finished = Finished(current.run_id, latest.attempts, status, output, error)
+    return await to_the_end(_record(store, latest, finished, tctx, recording))
+
+
+class _Attempts:
+    """A call's retries on record (:class:`runtime.attempts.Retrying`), under the lease:
+    ``row`` is the ledger row as the last write left it."""
+
+    def __init__(self, store: NodeStore, row: ToolCall) -> None:
+        self.store = store
+        self.row = row
+
+    async def failed(self, failure: dict[str, Any]) -> None:
+        entry = {**failure, "attempt": self.row.attempts}
+        row = self.row
+        self.row = await self.store.update_tool_call(
+            row.tool_call_id, retried=[*row.retried, entry]
+        )
+        if self.row.status != "running":  # under the lease, nobody else closes it
+            raise RuntimeError(f"{row.tool_call_id} was closed by another driver")
+
+    async def again(self) -> None:
+        row = self.row
+        claimed = await self.store.claim_tool_call(row.tool_call_id, row.attempts)
+        if claimed is None:  # under the lease, no other driver claims it
+            raise RuntimeError(f"{row.tool_call_id} was claimed by another driver")
+        self.row = claimed
 
 
 async def _record(
@@ -348,6 +409,4 @@ def write_outcome(
     store: NodeStore, row: ToolCall, done: Finished, artifacts: ArtifactSink
 ) -> Awaitable[ToolCall]:
     """One write of ``done``, the outcome of ``row``'s handler (its artifact first)."""
-    return _finish(
-        store, row, done.status, done.output, done.error, done.tries, artifacts, done.retried
-    )
+    return _finish(store, row, done.status, done.output, done.error, artifacts)

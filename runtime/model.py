@@ -258,6 +258,11 @@ class ToolCall(Stored):
     error: dict[str, Any] | None = None
     idempotency_key: str
     attempts: int = 0
+    retried: list[dict[str, Any]] = []
+    """Why each attempt before the last has no outcome of its own, ``{attempt, code,
+    message}``: a transient fault that was retried, or a drive that stopped mid-call.
+    Written before the next attempt starts; a call a human sends back to run again
+    starts a new list (its earlier attempts were answered by their own result)."""
     side_effect: bool = False
     compensated: bool = False
     created_at: datetime

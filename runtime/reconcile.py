@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
 from runtime import failpoints
 from runtime.dberrors import ServiceUnavailable
+from runtime.events import summarize
 from runtime.scrubbing import scrub, secret_values
 from runtime.tooling import ToolContext, ToolSpec
 
@@ -62,18 +63,29 @@ async def reconcile_in_time(spec: ToolSpec, args: BaseModel, tctx: ToolContext) 
         ) from None
 
 
+class FinalAnswer(NamedTuple):
+    """What ``reconcile`` said of a call cut off."""
+
+    known: bool
+    """Whether it could tell: False without a reconcile, or where it failed or hung."""
+    found: Any = None
+    """The effect's output where it took place (None: it did not, or nobody knows)."""
+    failure: str | None = None
+    """Why a reconcile that was asked could not tell, for the record (scrubbed)."""
+
+
 async def final_answer(
     spec: ToolSpec, args: BaseModel, tctx: ToolContext, tool_call_id: str
-) -> tuple[bool, Any]:
+) -> FinalAnswer:
     """Ask ``reconcile`` about a call cut off (``cut_off`` set: the answer is final),
-    within the tool's timeout: (True, output) if the effect took place, (True, None) if
-    it did not, (False, None) where nobody can tell (no reconcile, or it failed or hung:
-    a system that is down must not hold the run up)."""
+    within the tool's timeout. Unknown where nobody can tell (no reconcile, or it failed
+    or hung: a system that is down must not hold the run up)."""
     if spec.reconcile is None:
-        return False, None
+        return FinalAnswer(known=False)
     try:
         found = await reconcile_in_time(spec, args, replace(tctx, cut_off=True))
     except Exception as exc:
         log.warning("reconcile of cut-off call %s failed: %r", tool_call_id, exc)
-        return False, None
-    return True, found
+        # reconcile() scrubbed the secret args' values from what it raises.
+        return FinalAnswer(known=False, failure=summarize(str(exc) or repr(exc)))
+    return FinalAnswer(known=True, found=found)

@@ -23,7 +23,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -55,14 +55,11 @@ class Finished:
 
     run_id: str
     attempts: int
-    """The row's attempts when its handler ran: a later claim means someone ran it again."""
+    """The row's attempts when its handler returned: a later claim means someone ran it
+    again."""
     status: str
     output: Any
     error: dict[str, Any] | None
-    tries: int
-    """Further attempts the handler made itself (retries of transient faults)."""
-    retried: Sequence[dict[str, Any]] = ()
-    """Why each of the attempts before its last failed (runtime.attempts.HandlerRun)."""
 
 
 class Unrecorded:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from runtime.errors import Code
 from runtime.events import EventType, result_event
 from runtime.model import Approval, ApprovalDecision, Artifact, Step, ToolCall
 
@@ -28,18 +29,24 @@ class ToolCallWriter(Protocol):
     ) -> ToolCall: ...
 
 
-async def close_call(
-    store: ToolCallWriter,
-    row: ToolCall,
-    *,
-    retried: Sequence[dict[str, Any]] = (),
-    **changes: Any,
-) -> ToolCall:
+CUTTING_OFF = frozenset({Code.RUN_CANCELLED, Code.RUN_BUDGET_EXCEEDED})
+"""Why a run stops a call it is running itself: its handler is cancelled."""
+
+
+def closed_as(code: Code) -> str:
+    """The status of a call a run stopped with ``code`` leaves running. ``cancelled``
+    where the run's stop cancelled its handler (a cancel, the time budget); otherwise the
+    handler's drive had stopped before it (a crash loop, drives failing on the
+    database) and nobody can tell what it did: ``unknown``. Either way the outcome lists
+    a side effect of it as one that may have happened."""
+    return "cancelled" if code in CUTTING_OFF else "unknown"
+
+
+async def close_call(store: ToolCallWriter, row: ToolCall, **changes: Any) -> ToolCall:
     """Move a running ledger row on by ``changes``, with its result event made from the
     row as changed: one list of changes, so the log and the ledger cannot disagree (an
-    event built from a copy with the status alone said ``error: null`` twice).
-    ``retried``: why the attempts before the last failed, for the event alone."""
-    event = result_event(row.model_copy(update=changes), retried)
+    event built from a copy with the status alone said ``error: null`` twice)."""
+    event = result_event(row.model_copy(update=changes))
     return await store.update_tool_call(row.tool_call_id, result=event, **changes)
 
 
@@ -87,7 +94,11 @@ class NodeStore(ToolCallWriter, Protocol):
     ) -> tuple[ToolCall, bool]: ...
 
     async def claim_tool_call(
-        self, tool_call_id: str, seen_attempts: int, action: dict[str, Any] | None = None
+        self,
+        tool_call_id: str,
+        seen_attempts: int,
+        action: dict[str, Any] | None = None,
+        retried: Sequence[dict[str, Any]] | None = None,
     ) -> ToolCall | None: ...
 
     async def list_tool_calls(self, run_id: str) -> list[ToolCall]: ...

@@ -24,6 +24,7 @@ _JSON_COLUMNS = {
     "args",
     "output",
     "error",
+    "retried",
     "data",
     "detail",
 }

@@ -220,6 +220,12 @@ MIGRATIONS: list[list[str]] = [
         "DROP INDEX IF EXISTS runs_state",
         "DROP INDEX IF EXISTS approvals_status",
     ],
+    [
+        # Why each attempt of a call before its last has no outcome of its own (a
+        # transient fault retried, a drive that stopped mid-call), written before the
+        # next attempt starts: a call cut off between two attempts kept none of it.
+        "ALTER TABLE tool_calls ADD COLUMN retried TEXT NOT NULL DEFAULT '[]'",
+    ],
 ]
 
 

@@ -8,16 +8,10 @@ from typing import Any
 from runtime.errors import Code, RuntimeProblem
 from runtime.events import EventType
 from runtime.model import ToolCall
-from runtime.services import close_call
+from runtime.services import close_call, closed_as
 from runtime.store.codec import _dec, _enc_col, _ts
 from runtime.store.core import StoreCore
 from runtime.store.records import tool_call_rows
-
-
-def closed_as(code: Code) -> str:
-    """The status of a call a run stopped with ``code`` leaves running: its effect is
-    unknown (``unknown`` where that is why the run stopped; ``cancelled`` otherwise)."""
-    return "unknown" if code is Code.TOOL_OUTCOME_UNKNOWN else "cancelled"
 
 
 class ToolCallQueries(StoreCore):
@@ -110,19 +104,28 @@ class ToolCallQueries(StoreCore):
         return ToolCall.model_validate(_dec(row))
 
     async def claim_tool_call(
-        self, tool_call_id: str, seen_attempts: int, action: dict[str, Any] | None = None
+        self,
+        tool_call_id: str,
+        seen_attempts: int,
+        action: dict[str, Any] | None = None,
+        retried: Sequence[dict[str, Any]] | None = None,
     ) -> ToolCall | None:
         """Count one more attempt if nobody else did since ``seen_attempts``; None if lost.
 
         The compare-and-set makes two drivers that both found the row running
         agree on which one of them executes it. ``action``: the event saying the call
-        runs again, written with the claim.
+        runs again, written with the claim; ``retried``: the row's list of attempts
+        without an outcome, as it is to be from now on (None: as it is).
         """
+        sets, params = "attempts = attempts + 1, updated_at = ?", [_ts()]
+        if retried is not None:
+            sets += ", retried = ?"
+            params.append(_enc_col("retried", list(retried)))
         async with self.tx() as tx:
             row = await tx.fetchone(
-                "UPDATE tool_calls SET attempts = attempts + 1, updated_at = ? "
+                f"UPDATE tool_calls SET {sets} "
                 "WHERE tool_call_id = ? AND attempts = ? AND status = 'running' RETURNING *",
-                (_ts(), tool_call_id, seen_attempts),
+                (*params, tool_call_id, seen_attempts),
             )
             if row is not None and action is not None:
                 await self._append(tx, row["run_id"], EventType.ACTION, action)

@@ -12,7 +12,7 @@ from runtime.errors import Code, RuntimeProblem, failure_error
 from runtime.events import EventType
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger
 from runtime.model import Outcome
-from runtime.store.codec import _enc_col, _ts
+from runtime.store.codec import _dec, _enc_col, _ts
 from runtime.store.core import StoreCore
 from runtime.store.tx import Row
 
@@ -127,7 +127,7 @@ class UnreadFailures(StoreCore):
                 closed = await tx.inner.fetchall(
                     "UPDATE tool_calls SET status = ?, error = ?, updated_at = ? "
                     "WHERE run_id = ? AND status = 'running' "
-                    "RETURNING tool_call_id, tool, artifact_id, step_index, call_index",
+                    "RETURNING tool_call_id, tool, artifact_id, step_index, call_index, retried",
                     (status, _enc_col("error", error), _ts(), run_id),
                 )
                 current = State(row["state"])
@@ -196,20 +196,21 @@ def _results(
 ) -> list[tuple[EventType, dict[str, Any]]]:
     """The ``result`` events of calls closed ``status`` (see ``result_event``: a call
     left running has no output), in the ledger's order (RETURNING has none)."""
-    return [
-        (
-            EventType.RESULT,
-            {
-                "tool_call_id": c["tool_call_id"],
-                "tool": c["tool"],
-                "status": status,
-                "output": None,
-                "artifact_id": c["artifact_id"],
-                "error": error,
-            },
-        )
-        for c in sorted(closed, key=lambda c: (c["step_index"], c["call_index"]))
-    ]
+    results: list[tuple[EventType, dict[str, Any]]] = []
+    for c in sorted(closed, key=lambda c: (c["step_index"], c["call_index"])):
+        event = {
+            "tool_call_id": c["tool_call_id"],
+            "tool": c["tool"],
+            "status": status,
+            "output": None,
+            "artifact_id": c["artifact_id"],
+            "error": error,
+        }
+        retried = _dec({"retried": c.get("retried")})["retried"]
+        if isinstance(retried, list) and retried:
+            event["retried"] = retried
+        results.append((EventType.RESULT, event))
+    return results
 
 
 def _expired(expired: list[Row], comment: str) -> list[tuple[EventType, dict[str, Any]]]:

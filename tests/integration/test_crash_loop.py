@@ -48,7 +48,7 @@ def test_a_run_that_kills_each_worker_fails_once_it_killed_one_alone(
     # Each killed worker had counted an attempt of the sleep; none is made after them.
     assert (counter["tool"], counter["status"]) == ("counter", "succeeded")
     assert (sleep["tool"], sleep["attempts"]) == ("sleep", 4)
-    assert sleep["status"] == "cancelled" and sleep["error"]["code"] == "RUN_CRASH_LOOP"
+    assert sleep["status"] == "unknown" and sleep["error"]["code"] == "RUN_CRASH_LOOP"
     assert len(counter_lines(server.data_dir)) == 1
 
     errors = [e["data"] for e in events if e["type"] == "error"]
@@ -58,7 +58,7 @@ def test_a_run_that_kills_each_worker_fails_once_it_killed_one_alone(
     assert final["recovery"] == "human" and "4 workers in a row" in final["message"]
     assert errors[-2]["worker"] in final["message"]
     results = [(e["data"]["tool"], e["data"]["status"]) for e in events if e["type"] == "result"]
-    assert results == [("counter", "succeeded"), ("sleep", "cancelled")]
+    assert results == [("counter", "succeeded"), ("sleep", "unknown")]
 
 
 def test_a_reconcile_that_kills_the_worker_is_not_asked_again_to_fail_the_run(
@@ -99,7 +99,7 @@ def test_a_reconcile_that_kills_the_worker_is_not_asked_again_to_fail_the_run(
     assert "5 workers in a row" in run["outcome"]["message"]
     assert "not asked" in run["outcome"]["message"]
     publish = calls["publish_report"]
-    assert publish["status"] == "cancelled" and publish["attempts"] == 1
+    assert publish["status"] == "unknown" and publish["attempts"] == 1
     # It did take effect, once: nobody could say so, so the outcome lists it as an
     # effect that may have happened.
     assert len(outbox_rows(data_dir / "retail.db")) == 1

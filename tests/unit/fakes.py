@@ -196,14 +196,21 @@ class FakeStore:
         return _stored(row), True
 
     async def claim_tool_call(
-        self, tool_call_id: str, seen_attempts: int, action: dict[str, Any] | None = None
+        self,
+        tool_call_id: str,
+        seen_attempts: int,
+        action: dict[str, Any] | None = None,
+        retried: Sequence[dict[str, Any]] | None = None,
     ) -> ToolCall | None:
         row = self.tool_calls.get(tool_call_id)
         if row is None or row.status != "running" or row.attempts != seen_attempts:
             return None
         if action is not None:
             self._append(row.run_id, EventType.ACTION, action)
-        row = row.model_copy(update={"attempts": row.attempts + 1, "updated_at": utcnow()})
+        update: dict[str, Any] = {"attempts": row.attempts + 1, "updated_at": utcnow()}
+        if retried is not None:
+            update["retried"] = _json(list(retried))
+        row = row.model_copy(update=update)
         self.tool_calls[tool_call_id] = row
         return _stored(row)
 

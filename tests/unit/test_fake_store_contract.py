@@ -220,8 +220,13 @@ async def test_a_claim_is_a_compare_and_set_on_attempts(s: Stores) -> None:
     stale = await store.claim_tool_call(row.tool_call_id, 0)
 
     assert claimed is not None and claimed.attempts == 1 and stale is None
+    why = [{"attempt": 1, "code": "TOOL_UNAVAILABLE", "message": "down"}]
+    again = await store.claim_tool_call(row.tool_call_id, 1, retried=why)
+    assert again is not None and again.attempts == 2 and again.retried == why
+    kept = await store.claim_tool_call(row.tool_call_id, 2)  # the list as it is
+    assert kept is not None and kept.attempts == 3 and kept.retried == why
     await store.update_tool_call(row.tool_call_id, status="succeeded")
-    assert await store.claim_tool_call(row.tool_call_id, 1) is None  # finished: not claimable
+    assert await store.claim_tool_call(row.tool_call_id, 3) is None  # finished: not claimable
     assert await store.claim_tool_call("tc-nobody", 0) is None
 
 

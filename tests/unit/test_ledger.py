@@ -14,17 +14,20 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from runtime import ids
-from runtime.adapter import side_effects
+from runtime import attempts, ids
+from runtime.adapter import fail_run, side_effects
 from runtime.breaker import BREAKERS
+from runtime.errors import Code
 from runtime.events import EventType
 from runtime.ledger import (
     INLINE_OUTPUT_BYTES,
+    STOPPED_ATTEMPT,
     StoreArtifacts,
     execute_once,
     new_ledger_row,
     scrub,
     secret_values,
+    settle_cut_off,
 )
 from runtime.model import RunContext, ToolCall
 from runtime.reconcile import ReconcileFailed, ReconcileUnanswered
@@ -74,7 +77,10 @@ class Harness:
         args = {"label": "x"}
         return new_ledger_row(self.run_id, 0, 0, tc_id, spec, args, ids.content_hash(args))
 
-    async def execute(self, spec: ToolSpec, args: BaseModel | None = None) -> ToolCall:
+    async def execute(
+        self, spec: ToolSpec, args: BaseModel | None = None, *, answered: int = 0
+    ) -> ToolCall:
+        """``answered``: as a drive that knows that many attempts have a result."""
         row = self.row(spec)
         tctx = ToolContext(
             run_id=self.run_id,
@@ -84,7 +90,9 @@ class Harness:
             artifacts=StoreArtifacts(self.store, self.run_id),
         )
         action = {"tool_call_id": row.tool_call_id, "tool": spec.name}
-        return await execute_once(self.store, spec, row, args or Args(label="x"), tctx, action)
+        return await execute_once(
+            self.store, spec, row, args or Args(label="x"), tctx, action, answered=answered
+        )
 
     async def leave_running(self, spec: ToolSpec) -> ToolCall:
         """A row as a process that died mid-call leaves it: running, attempt counted."""
@@ -139,6 +147,33 @@ async def test_idempotent_call_left_running_is_rerun_with_the_same_key(h: Harnes
         (row.tool_call_id, None, None),
         (row.tool_call_id, True, 2),
     ]
+    # One result answers both actions: it says why the first attempt has no outcome.
+    assert (await result_of(h))["retried"] == [
+        {"attempt": 1, "code": "TOOL_OUTCOME_UNKNOWN", "message": STOPPED_ATTEMPT}
+    ]
+
+
+async def test_each_attempt_of_drives_that_stopped_is_on_record(h: Harness) -> None:
+    spec = h.spec()
+    left = await h.leave_running(spec)
+    await h.store.update_tool_call(left.tool_call_id, attempts=2)  # a second drive died too
+
+    row = await h.execute(spec)
+
+    assert row.status == "succeeded" and row.attempts == 3
+    assert [(r["attempt"], r["code"]) for r in (await result_of(h))["retried"]] == [
+        (1, "TOOL_OUTCOME_UNKNOWN"),
+        (2, "TOOL_OUTCOME_UNKNOWN"),
+    ]
+
+
+async def test_an_outcome_reconcile_found_answers_the_stopped_attempt_itself(h: Harness) -> None:
+    spec = h.spec(reconcile={"label": "found"}, side_effect=True, idempotent=False)
+    await h.leave_running(spec)
+
+    await h.execute(spec)
+
+    assert "retried" not in await result_of(h)  # the effect found is that attempt's
 
 
 async def test_reconciled_side_effect_is_not_rerun(h: Harness) -> None:
@@ -161,6 +196,7 @@ async def test_reconcile_finding_nothing_reruns(h: Harness) -> None:
     assert h.reconciled == 1 and h.ran == [left.idempotency_key]
     assert row.status == "succeeded" and row.attempts == 2
     assert [e.type for e in await h.store.list_events(h.run_id)].count(EventType.ACTION) == 2
+    assert [r["attempt"] for r in (await result_of(h))["retried"]] == [1]
 
 
 async def test_a_reconcile_that_hangs_fails_the_drive_within_the_tools_timeout(
@@ -276,8 +312,131 @@ async def test_retries_are_numbered_after_an_earlier_drives_attempt(h: Harness) 
 
     assert row.status == "succeeded" and row.attempts == 3
     assert (await result_of(h))["retried"] == [
-        {"attempt": 2, "code": "TOOL_UNAVAILABLE", "message": "still down"}
+        {"attempt": 1, "code": "TOOL_OUTCOME_UNKNOWN", "message": STOPPED_ATTEMPT},
+        {"attempt": 2, "code": "TOOL_UNAVAILABLE", "message": "still down"},
     ]
+
+
+async def cut_off_in_second_attempt(h: Harness, spec: ToolSpec, started: asyncio.Event) -> None:
+    """Run ``spec`` until its second attempt has started, then cancel the drive (as a
+    user's cancel, the run's time budget or a shutdown does)."""
+    drive = asyncio.ensure_future(h.execute(spec))
+    await asyncio.wait_for(started.wait(), 30)  # a bound on a hang, not a speed
+    drive.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await drive
+
+
+def down_then_hangs(h: Harness, started: asyncio.Event, **kwargs: Any) -> ToolSpec:
+    async def handler(args: Args, ctx: ToolContext) -> Any:
+        h.ran.append(ctx.idempotency_key)
+        if len(h.ran) == 1:
+            raise ToolUnavailable("503 from the warehouse")
+        if len(h.ran) == 2:
+            started.set()
+            await asyncio.Event().wait()
+        return {"ok": True}
+
+    return ToolSpec("probe", "1", "test tool", Args, handler, max_attempts=3, **kwargs)
+
+
+async def test_a_call_cut_off_between_retries_keeps_each_attempt_on_record(h: Harness) -> None:
+    started = asyncio.Event()
+    spec = down_then_hangs(h, started)
+
+    await cut_off_in_second_attempt(h, spec, started)
+
+    # Both attempts counted, and why the first failed, before the second began.
+    row = await h.store.get_tool_call(h.row(spec).tool_call_id)
+    assert row is not None and row.status == "running" and row.attempts == 2
+    assert row.retried == [
+        {"attempt": 1, "code": "TOOL_UNAVAILABLE", "message": "503 from the warehouse"}
+    ]
+    # The run that stops there closes the call with a result that says so.
+    await h.store.interrupt_running_calls(h.run_id, Code.RUN_CANCELLED, "cancelled by alice")
+    result = await result_of(h)
+    assert result["status"] == "cancelled" and [r["attempt"] for r in result["retried"]] == [1]
+
+
+async def test_a_call_rerun_after_a_crash_between_retries_numbers_every_attempt(
+    h: Harness,
+) -> None:
+    started = asyncio.Event()
+    spec = down_then_hangs(h, started, idempotent=True)
+    await cut_off_in_second_attempt(h, spec, started)  # the drive dies in attempt 2
+
+    row = await h.execute(spec)  # the next drive
+
+    assert len(h.ran) == 3 and row.status == "succeeded" and row.attempts == 3
+    actions = [e.data for e in await h.store.list_events(h.run_id) if e.type == "action"]
+    assert [a.get("attempt") for a in actions] == [None, 3]  # the third execution
+    assert (await result_of(h))["retried"] == [
+        {"attempt": 1, "code": "TOOL_UNAVAILABLE", "message": "503 from the warehouse"},
+        {"attempt": 2, "code": "TOOL_OUTCOME_UNKNOWN", "message": STOPPED_ATTEMPT},
+    ]
+
+
+async def test_a_call_cut_off_in_its_backoff_keeps_the_failure_on_record(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(attempts, "BACKOFF_BASE_S", 60.0)  # cut off in the backoff, surely
+    spec = flaky_spec(h, [ToolUnavailable("503 first")], max_attempts=3, idempotent=True)
+    drive = asyncio.ensure_future(h.execute(spec))
+    tc_id = h.row(spec).tool_call_id
+    for _ in range(3000):  # a bound on a hang, not a speed
+        row = await h.store.get_tool_call(tc_id)
+        if row is not None and row.retried:
+            break
+        await asyncio.sleep(0.01)
+    drive.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await drive
+
+    # The failure was written before the backoff; the next attempt, never started, not.
+    row = await h.store.get_tool_call(tc_id)
+    assert row is not None and row.status == "running" and row.attempts == 1
+    assert row.retried == [{"attempt": 1, "code": "TOOL_UNAVAILABLE", "message": "503 first"}]
+    monkeypatch.setattr(attempts, "BACKOFF_BASE_S", 0.0)
+    done = await h.execute(spec)  # the next drive runs it again, after a crash
+    assert done.status == "succeeded" and done.attempts == 2 and len(h.ran) == 2
+    assert (await result_of(h))["retried"] == row.retried  # not "stopped": its failure is known
+
+
+async def test_a_run_failing_with_a_call_cut_off_between_retries_keeps_them(h: Harness) -> None:
+    """The time budget's end (or a crash loop) closes the calls left running in one
+    statement, not through close_call: its result events say the same."""
+    started = asyncio.Event()
+    spec = down_then_hangs(h, started)
+    await cut_off_in_second_attempt(h, spec, started)
+
+    await fail_run(h.store, h.run_id, Code.RUN_BUDGET_EXCEEDED, "time budget of 1 s used up")
+
+    result = await result_of(h)
+    assert result["status"] == "cancelled"
+    assert result["retried"] == [
+        {"attempt": 1, "code": "TOOL_UNAVAILABLE", "message": "503 from the warehouse"}
+    ]
+
+
+async def test_a_humans_rerun_cut_off_lists_only_its_own_attempt(h: Harness) -> None:
+    """Attempt 1 was answered by its `unknown` result; a human said "run it again"
+    (attempt 2), and that drive died mid-call: the next lists attempt 2 alone."""
+    spec = h.spec(reconcile=None, side_effect=True, idempotent=False)
+    left = await h.leave_running(spec)
+    tc_id = left.tool_call_id
+    await h.store.update_tool_call(tc_id, status="unknown", result={"status": "unknown"})
+    # What the executor and execute_once(rerun=True) write for the human's ruling.
+    await h.store.update_tool_call(
+        tc_id, from_status=("unknown",), status="running", retried=[],
+        action={"tool_call_id": tc_id, "rerun": True, "attempt": 2},
+    )  # fmt: skip
+    assert await h.store.claim_tool_call(tc_id, 1) is not None  # ... and the drive died
+
+    row = await h.execute(spec, answered=1)
+
+    assert row.status == "succeeded" and row.attempts == 3 and h.reconciled == 1
+    [_, result] = [e.data for e in await h.store.list_events(h.run_id) if e.type == "result"]
+    assert [(r["attempt"], r["code"]) for r in result["retried"]] == [(2, "TOOL_OUTCOME_UNKNOWN")]
 
 
 async def test_a_retried_attempts_message_is_scrubbed_and_bounded(h: Harness) -> None:
@@ -439,6 +598,7 @@ class Remote:
         self.asked: list[bool] = []  # ctx.cut_off of each reconcile
         self.down = down  # reconcile cannot reach it
         self.sent = 0
+        self.started = asyncio.Event()
 
     async def _land(self, key: str) -> None:
         await asyncio.sleep(0.2)
@@ -449,6 +609,7 @@ class Remote:
         async def handler(args: Args, ctx: ToolContext) -> Any:
             # Out of the handler's reach once sent, as a thread or a request in flight.
             self.sent += 1
+            self.started.set()
             asyncio.get_running_loop().create_task(self._land(ctx.idempotency_key))
             if fail is not None:
                 raise fail
@@ -500,6 +661,10 @@ async def test_a_call_given_up_on_that_reconcile_cannot_settle_is_unknown_not_ru
 
     assert first.status == again.status == "unknown"
     assert first.error is not None and first.error["code"] == "TOOL_OUTCOME_UNKNOWN"
+    # Why nobody can tell is on the record, not only in the server's log.
+    assert first.error["message"].endswith(
+        "the effect may have happened; asking its reconcile failed: payments unreachable"
+    )
     assert remote.sent == 1 and len(remote.landed) == 1
     assert await side_effects(h.store, h.run_id) == ([first.tool_call_id], [])
 
@@ -530,3 +695,36 @@ async def test_a_trial_that_never_reaches_the_tool_lets_the_next_call_try(
     done = await h.execute(spec)
     assert done.status == "succeeded" and len(h.ran) == 1, done
     assert breaker.state == "closed"
+
+
+async def test_a_cancelled_call_whose_reconcile_fails_says_why_it_may_have_taken_effect(
+    h: Harness,
+) -> None:
+    remote = Remote(down=True)
+    spec = remote.spec()
+    drive = asyncio.ensure_future(h.execute(replace(spec, timeout_s=30)))
+    await asyncio.wait_for(remote.started.wait(), 30)  # a bound on a hang, not a speed
+    drive.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await drive
+    row = await h.store.get_tool_call(h.row(spec).tool_call_id)
+    assert row is not None and row.status == "running"
+    artifacts = StoreArtifacts(h.store, h.run_id)
+    tctx = ToolContext(h.run_id, row.tool_call_id, row.idempotency_key, RunContext(), artifacts)
+    error = {"code": Code.RUN_CANCELLED, "message": "cancelled by alice"}
+
+    for _ in range(2):  # a cancel's pass retried after a blip asks again
+        assert await settle_cut_off(h.store, spec, row, Args(), tctx, error) is None
+
+    assert remote.asked == [True, True]
+    # Left running for the cancel's end (or a retried pass) to settle; why nobody can
+    # tell is on the record, once.
+    still = await h.store.get_tool_call(row.tool_call_id)
+    assert still is not None and still.status == "running"
+    [said] = [e.data for e in await h.store.list_events(h.run_id) if e.type == "error"]
+    assert said == {
+        "code": "TOOL_OUTCOME_UNKNOWN",
+        "message": "pay@1 was cut off mid-call; asking its reconcile failed: payments unreachable",
+        "tool_call_id": row.tool_call_id,
+        "recovery": "human",
+    }

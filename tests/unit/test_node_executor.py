@@ -156,6 +156,17 @@ async def test_an_interrupted_side_effect_waits_for_a_human(env: NodeEnv) -> Non
     assert rerun["observations"][0]["status"] == "succeeded"
     done = await env.store.get_tool_call(c["tool_call_id"])
     assert done is not None and (done.status, done.attempts) == ("succeeded", 2)
+    # The log: the re-run's action numbers its attempt, and its result does not repeat
+    # the stopped attempt the `unknown` result already answered.
+    log = await env.store.list_events(env.run_id)
+    events = [e for e in log if e.type in ("action", "result")]
+    assert [(e.type, e.data.get("status"), e.data.get("attempt")) for e in events] == [
+        ("action", None, None),  # the dead drive's
+        ("result", "unknown", None),
+        ("action", None, 2),
+        ("result", "succeeded", None),
+    ]
+    assert "retried" not in events[-1].data
 
 
 async def test_a_failed_call_ends_the_run_though_another_is_unknown(env: NodeEnv) -> None:

@@ -9,7 +9,7 @@ from runtime.recording import Finished, Unrecorded
 
 
 def outcome(output: Any, attempts: int = 1, run_id: str = "run-a") -> Finished:
-    return Finished(run_id, attempts, "succeeded", output, None, 0)
+    return Finished(run_id, attempts, "succeeded", output, None)
 
 
 def test_past_the_count_the_oldest_is_let_go() -> None:
