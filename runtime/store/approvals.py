@@ -101,6 +101,13 @@ class ApprovalQueries(StoreCore):
         if status:
             where.append("status = ?")
             params.append(status)
+        if status == "pending":
+            # Once a cancel is accepted its run's approvals take no decision (409): not
+            # offered while the cancel waits for a worker to expire them.
+            where.append(
+                "NOT EXISTS (SELECT 1 FROM runs WHERE runs.run_id = approvals.run_id "
+                "AND runs.cancel_requested IS NOT NULL)"
+            )
         if run_id:
             where.append("run_id = ?")
             params.append(run_id)

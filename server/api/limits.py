@@ -4,12 +4,17 @@ whole, bounded, JSON by their Content-Type, and UTF-8.
 
 Content-Length alone is no limit: a chunked body has none. And JSON nested a few
 thousand levels deep would blow the parser's (or a validator's) recursion before
-any schema is checked, so depth is counted on the raw bytes first.
+any schema is checked, so depth is counted on the raw bytes first. An object that
+names a key twice is refused: parsers disagree on which one counts (Python's takes
+the last, many take the first), so a proxy or an audit log could read a decision as
+the opposite of the one carried out.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from fastapi import APIRouter
@@ -46,6 +51,33 @@ def json_depth_over(body: bytes, limit: int) -> bool:
         elif byte in (0x5D, 0x7D):
             depth -= 1
     return False
+
+
+class _Duplicate(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _Duplicate(key)
+        seen[key] = value
+    return seen
+
+
+def duplicate_key(body: bytes) -> str | None:
+    """A key some object of the JSON ``body`` names twice, if any (None too for a body
+    that is not JSON: the route's own parsing says what is wrong with it)."""
+    try:
+        json.loads(body, object_pairs_hook=_unique)
+    except _Duplicate as dup:
+        return dup.key
+    except (ValueError, RecursionError):
+        return None
+    return None
 
 
 def _not_utf8_text(body: bytes) -> str | None:
@@ -161,6 +193,17 @@ class RequestLimits:
         if reads_it and json_depth_over(body, self.max_depth):
             response = problem_response(
                 Code.JSON_TOO_DEEP, f"JSON nests deeper than {self.max_depth}", instance=path
+            )
+            await response(scope, receive, send)
+            return
+        twice = duplicate_key(body) if reads_it and body else None
+        if twice is not None:
+            name = json.dumps(twice, ensure_ascii=False)
+            name = name if len(name) <= 80 else name[:79] + "…"
+            response = problem_response(
+                Code.VALIDATION_ERROR,
+                f"a JSON object names the key {name} twice: which one is meant cannot be told",
+                instance=path,
             )
             await response(scope, receive, send)
             return

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import Api
+from tests.api.helpers import parked_demo_run
+from tests.auth import MGR
 
 GOOD = {
     "input": "上周华东区销售下滑的主要 SKU 是什么？",
@@ -271,3 +273,38 @@ async def test_cancel_of_a_finished_run_is_409(api: Api) -> None:
     for body in ({"compensate": "yes"}, {"compensate": 1}, {"reason": 7}):
         resp = await api.client.post(f"/runs/{run['run_id']}/cancel", json=body)
         assert_problem(resp, 422, "VALIDATION_ERROR")
+
+
+async def test_a_key_named_twice_is_422_and_decides_nothing(api: Api) -> None:
+    """Which of the two counts differs between parsers (Python's took the last): a proxy
+    or an audit log reading the first would record the opposite of what was done."""
+    json_type = {"Content-Type": "application/json"}
+    resp = await api.client.post(
+        "/runs", content=b'{"input": "a", "input": "b"}', headers=json_type
+    )
+    assert '"input" twice' in assert_problem(resp, 422, "VALIDATION_ERROR")["detail"]
+    assert await run_count(api) == 0
+
+    run_id, approval_id, _ = await parked_demo_run(api)
+    decide = f"/runs/{run_id}/approvals/{approval_id}"
+    for body in (
+        b'{"decision": "approve", "decision": "reject"}',
+        b'{"decision": "approve", "comment": {"a": 1, "a": 2}}',  # at any depth
+    ):
+        resp = await api.client.post(decide, content=body, headers={**json_type, **MGR})
+        assert_problem(resp, 422, "VALIDATION_ERROR")
+    approval = (await api.client.get(f"/runs/{run_id}")).json()["pending_approval"]
+    assert approval["approval_id"] == approval_id  # still undecided
+    resp = await api.client.post(
+        f"/runs/{run_id}/cancel",
+        content=b'{"compensate": false, "compensate": true}',
+        headers=json_type,
+    )
+    assert_problem(resp, 422, "VALIDATION_ERROR")
+    assert (await api.client.get(f"/runs/{run_id}")).json()["state"] == "waiting_human"
+    # The same key in two objects is no duplicate.
+    resp = await api.client.post(
+        "/runs",
+        json={"input": "q", "context": {"extra": {"a": {"n": 1}, "b": {"n": 2}}}},
+    )
+    assert resp.status_code == 201, resp.text

@@ -468,6 +468,11 @@ async def test_a_run_whose_cancel_was_accepted_takes_no_decision(
 
     still = await store.get_run(run.run_id)
     assert still is not None and still.state is State.WAITING_HUMAN
+    # Nor is it offered in the inbox meanwhile; its own run's list still shows it.
+    inbox, _ = await store.page_approvals(status="pending")
+    assert approval.approval_id not in [a.approval_id for a in inbox]
+    listed, _ = await store.page_approvals(run_id=run.run_id)
+    assert [a.approval_id for a in listed] == [approval.approval_id]
     assert (await store.get_approval(approval.approval_id)).status == "pending"  # type: ignore[union-attr]
     assert len(await store.list_events(run.run_id)) == seen
     _, expired = await store.decide_approval(
