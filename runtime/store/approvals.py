@@ -78,8 +78,11 @@ class ApprovalQueries(StoreCore):
     ) -> tuple[list[ShownApproval], str | None]:
         """An inbox's page, oldest first (it is worked through from its oldest), each row
         that no longer validates in its unreadable form (one must not make the page a
-        500); the cursor of the next page, None on the last one."""
-        rows, next_cursor = await self._approval_rows(status, run_id, tenant_id, limit, cursor)
+        500); the cursor of the next page, None on the last one. Pending approvals are
+        those a human may still decide: not those of a run whose cancel was accepted."""
+        rows, next_cursor = await self._approval_rows(
+            status, run_id, tenant_id, limit, cursor, decidable=status == "pending"
+        )
         return shown(rows, Approval, UnreadableApproval), next_cursor
 
     async def _approval_rows(
@@ -89,7 +92,12 @@ class ApprovalQueries(StoreCore):
         tenant_id: str | None,
         limit: int,
         cursor: str | None,
+        *,
+        decidable: bool = False,
     ) -> tuple[list[Row], str | None]:
+        """``decidable``: leave out the approvals of runs whose cancel was accepted
+        (they take no decision, 409): for the inbox. A run's own check of what is still
+        open (the finish node's) must see them."""
         where, params = ["1 = 1"], []
         if tenant_id is not None:
             # Each approval's run by key: SQLite read every run of the tenant for an IN.
@@ -101,9 +109,8 @@ class ApprovalQueries(StoreCore):
         if status:
             where.append("status = ?")
             params.append(status)
-        if status == "pending":
-            # Once a cancel is accepted its run's approvals take no decision (409): not
-            # offered while the cancel waits for a worker to expire them.
+        if decidable:
+            # Not offered while the cancel waits for a worker to expire them.
             where.append(
                 "NOT EXISTS (SELECT 1 FROM runs WHERE runs.run_id = approvals.run_id "
                 "AND runs.cancel_requested IS NOT NULL)"

@@ -198,7 +198,7 @@ class RequestLimits:
             return
         twice = duplicate_key(body) if reads_it and body else None
         if twice is not None:
-            name = json.dumps(twice, ensure_ascii=False)
+            name = json.dumps(twice)  # ASCII: a lone surrogate in a key cannot be sent
             name = name if len(name) <= 80 else name[:79] + "…"
             response = problem_response(
                 Code.VALIDATION_ERROR,

@@ -302,6 +302,11 @@ async def test_a_key_named_twice_is_422_and_decides_nothing(api: Api) -> None:
     )
     assert_problem(resp, 422, "VALIDATION_ERROR")
     assert (await api.client.get(f"/runs/{run_id}")).json()["state"] == "waiting_human"
+    # A key no UTF-8 can carry is named by its escape (its JSON text would be a 500).
+    resp = await api.client.post(
+        "/runs", content=b'{"input": "q", "x": {"\\ud800": 1, "\\ud800": 2}}', headers=json_type
+    )
+    assert '"\\ud800" twice' in assert_problem(resp, 422, "VALIDATION_ERROR")["detail"]
     # The same key in two objects is no duplicate.
     resp = await api.client.post(
         "/runs",

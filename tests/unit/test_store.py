@@ -473,6 +473,9 @@ async def test_a_run_whose_cancel_was_accepted_takes_no_decision(
     assert approval.approval_id not in [a.approval_id for a in inbox]
     listed, _ = await store.page_approvals(run_id=run.run_id)
     assert [a.approval_id for a in listed] == [approval.approval_id]
+    # A run's own check of what is still open (the finish node's) sees it.
+    still_open = await store.list_approvals(run_id=run.run_id, status="pending")
+    assert [a.approval_id for a in still_open] == [approval.approval_id]
     assert (await store.get_approval(approval.approval_id)).status == "pending"  # type: ignore[union-attr]
     assert len(await store.list_events(run.run_id)) == seen
     _, expired = await store.decide_approval(
