@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -36,19 +37,34 @@ def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:
 
 
 def result_event(row: ToolCall) -> dict[str, Any]:
-    """The ``result`` event of a ledger row that finished (or was closed); ``retried``:
-    why the attempts before its last have no outcome of their own, where there were
-    some (absent otherwise)."""
+    """The ``result`` event of a ledger row that finished (or was closed)."""
+    output = summarize(row.output) if row.output is not None else None
+    return result_data(
+        row.tool_call_id, row.tool, row.status, output, row.artifact_id, row.error, row.retried
+    )
+
+
+def result_data(
+    tool_call_id: str,
+    tool: str,
+    status: str,
+    output: str | None,
+    artifact_id: str | None,
+    error: dict[str, Any] | None,
+    retried: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
+    """A ``result`` event's data; ``retried``: why the attempts before its last have no
+    outcome of their own, where there were some (absent otherwise)."""
     event: dict[str, Any] = {
-        "tool_call_id": row.tool_call_id,
-        "tool": row.tool,
-        "status": row.status,
-        "output": summarize(row.output) if row.output is not None else None,
-        "artifact_id": row.artifact_id,
-        "error": row.error,
+        "tool_call_id": tool_call_id,
+        "tool": tool,
+        "status": status,
+        "output": output,
+        "artifact_id": artifact_id,
+        "error": error,
     }
-    if row.retried:
-        event["retried"] = list(row.retried)
+    if retried:
+        event["retried"] = list(retried)
     return event
 
 

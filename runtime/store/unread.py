@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.errors import Code, RuntimeProblem, failure_error
-from runtime.events import EventType
+from runtime.events import EventType, result_data
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger
 from runtime.model import Outcome
 from runtime.store.codec import _dec, _enc_col, _ts
@@ -198,18 +198,12 @@ def _results(
     left running has no output), in the ledger's order (RETURNING has none)."""
     results: list[tuple[EventType, dict[str, Any]]] = []
     for c in sorted(closed, key=lambda c: (c["step_index"], c["call_index"])):
-        event = {
-            "tool_call_id": c["tool_call_id"],
-            "tool": c["tool"],
-            "status": status,
-            "output": None,
-            "artifact_id": c["artifact_id"],
-            "error": error,
-        }
         retried = _dec({"retried": c.get("retried")})["retried"]
-        if isinstance(retried, list) and retried:
-            event["retried"] = retried
-        results.append((EventType.RESULT, event))
+        retried = retried if isinstance(retried, list) else []
+        data = result_data(
+            c["tool_call_id"], c["tool"], status, None, c["artifact_id"], error, retried
+        )
+        results.append((EventType.RESULT, data))
     return results
 
 

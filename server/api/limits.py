@@ -23,6 +23,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.errors import Code
+from runtime.events import summarize
 from server.api.problems import problem_response
 
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
@@ -198,8 +199,8 @@ class RequestLimits:
             return
         twice = duplicate_key(body) if reads_it and body else None
         if twice is not None:
-            name = json.dumps(twice)  # ASCII: a lone surrogate in a key cannot be sent
-            name = name if len(name) <= 80 else name[:79] + "…"
+            # ASCII: a lone surrogate in a key cannot be sent.
+            name = summarize(json.dumps(twice), 80)
             response = problem_response(
                 Code.VALIDATION_ERROR,
                 f"a JSON object names the key {name} twice: which one is meant cannot be told",
