@@ -81,7 +81,9 @@ async def test_an_artifact_store_blip_hands_the_drive_back(blip: Blip, data_dir:
     state, ran, status = await settled(blip, "artifacts", data_dir)
 
     assert (state, status) == (State.SUCCEEDED, "succeeded")
-    assert len(ran) == 2 and len(set(ran)) == 1  # the same call, run again
+    # The same call, run again: at least once more. The blip is a loop of kills, so a
+    # drive can get its reads in between two of them and meet the blip again.
+    assert len(ran) >= 2 and len(set(ran)) == 1, ran
 
 
 # SQLite's memory store has a connection of its own, which waits out the blip.
@@ -90,7 +92,7 @@ async def test_a_memory_store_blip_hands_the_drive_back(blip: Blip, data_dir: Pa
     state, ran, status = await settled(blip, "memory", data_dir)
 
     assert (state, status) == (State.SUCCEEDED, "succeeded")
-    assert len(ran) == 2 and len(set(ran)) == 1
+    assert len(ran) >= 2 and len(set(ran)) == 1, ran
 
 
 async def test_a_tools_own_database_failing_is_the_tools_failure(
@@ -190,6 +192,7 @@ async def test_a_compensation_that_meets_a_blip_is_run_again_not_failed(
         events = await host.store.list_events(run.run_id)
 
     assert final.outcome is not None and final.outcome.code == "RUN_CANCELLED", final.outcome
-    assert len(undone) == 2 and len(set(undone)) == 1  # the same compensation, again
+    # The same compensation, again (more than once if a retried drive met the blip too).
+    assert len(undone) >= 2 and len(set(undone)) == 1, undone
     assert final.outcome.compensations == [undone[0]], final.outcome
     assert not [e for e in events if e.data.get("code") == "COMPENSATION_FAILED"], events
