@@ -46,6 +46,7 @@ STOPPED_ATTEMPT = (
     "(its process stopped or shut down, or the database failed)"
 )
 RECONCILE_FAILED = "asking its reconcile failed: "
+RECONCILED_NO_EFFECT = "; the tool's reconcile then found no effect of it"
 _IN_FLIGHT: set[str] = set()
 """tool_call_ids whose execute_once is under way in this process."""
 
@@ -247,6 +248,7 @@ async def _execute(
     kept = None if rerun else recording.kept.find(current.tool_call_id, current.attempts)
     if kept is not None:  # this process ran it to its end: its outcome is known
         return await to_the_end(_record(store, current, kept, tctx, recording))
+    no_effect = False  # the tool's reconcile found that the stopped attempts did nothing
     if current.attempts > 0 and not rerun:
         # An earlier drive started the handler and stopped before recording its outcome:
         # its process, or the database, failed; which, this drive cannot tell.
@@ -256,6 +258,7 @@ async def _execute(
             found = await reconcile_in_time(spec, args, tctx)
             if found is not None:
                 return await _finish(store, current, "succeeded", found, None, tctx.artifacts)
+            no_effect = True
         elif not spec.idempotent:
             return await close_call(
                 store,
@@ -279,7 +282,11 @@ async def _execute(
         # their `action` events would stay unanswered in the log.
         on_record = {entry.get("attempt") for entry in current.retried}
         stopped = [
-            {"code": Code.TOOL_OUTCOME_UNKNOWN, "message": STOPPED_ATTEMPT, "attempt": attempt}
+            {
+                "code": Code.TOOL_OUTCOME_UNKNOWN,
+                "message": STOPPED_ATTEMPT + (RECONCILED_NO_EFFECT if no_effect else ""),
+                "attempt": attempt,
+            }
             for attempt in range(answered + 1, current.attempts + 1)
             if attempt not in on_record
         ]

@@ -21,6 +21,7 @@ from runtime.errors import Code
 from runtime.events import EventType
 from runtime.ledger import (
     INLINE_OUTPUT_BYTES,
+    RECONCILED_NO_EFFECT,
     STOPPED_ATTEMPT,
     StoreArtifacts,
     execute_once,
@@ -196,7 +197,13 @@ async def test_reconcile_finding_nothing_reruns(h: Harness) -> None:
     assert h.reconciled == 1 and h.ran == [left.idempotency_key]
     assert row.status == "succeeded" and row.attempts == 2
     assert [e.type for e in await h.store.list_events(h.run_id)].count(EventType.ACTION) == 2
-    assert [r["attempt"] for r in (await result_of(h))["retried"]] == [1]
+    [stopped] = (await result_of(h))["retried"]
+    # The code says the attempt ended without an outcome; the message, what was found.
+    assert stopped == {
+        "attempt": 1,
+        "code": "TOOL_OUTCOME_UNKNOWN",
+        "message": STOPPED_ATTEMPT + RECONCILED_NO_EFFECT,
+    }
 
 
 async def test_a_reconcile_that_hangs_fails_the_drive_within_the_tools_timeout(
