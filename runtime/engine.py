@@ -34,6 +34,7 @@ from runtime.errors import CODES, Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.events import EventType
 from runtime.graph_drive import GraphDriving, Progress, active_at_start
+from runtime.handback import Handback, collected, flush_quietly, lease_lost
 from runtime.ids import content_hash, new_run_id
 from runtime.lifecycle import TERMINAL, State
 from runtime.metrics import Metrics
@@ -43,7 +44,6 @@ from runtime.retry import (
     after_broken_drive,
     after_failed_drive,
     fail_crash_loop,
-    release_when_back,
 )
 from runtime.store.base import DriveStart, LeaseLost, RunStore
 
@@ -52,17 +52,6 @@ log = logging.getLogger(__name__)
 
 def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-def _collected(task: asyncio.Future[None]) -> None:
-    """Retrieve the end of work shielded from a drive that went on (see
-    ``Engine._until_lease_lost``), or left by one (a release tried again): a lease lost
-    is expected there, anything else logged."""
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None and not isinstance(exc, LeaseLost):
-        log.warning("work a drive left running failed: %r", exc)
 
 
 class Engine(GraphDriving):
@@ -114,9 +103,7 @@ class Engine(GraphDriving):
         """Runs another process asked a worker for while we drove them."""
         self._unwinding: dict[str, set[asyncio.Task[None]]] = {}
         """Earlier drives of a run driven again, not ended yet: the new drive waits."""
-        self._releasing: set[asyncio.Task[None]] = set()
-        """Releases tried again until the database is back (retry.release_when_back)."""
-        self._shutting_down = False
+        self.handback = Handback(store, self.owner, lease_s, self.wake)
 
     def wake(self) -> None:
         self.work.set()
@@ -298,13 +285,13 @@ class Engine(GraphDriving):
                     raise
         except LeaseLost:
             how = "lease_lost"
-            _lease_lost(store, run_id)
+            lease_lost(store, run_id)
             return
         except asyncio.CancelledError:
             if drive is not None and drive.version == version and drive.lease_lost:
                 # Stopped because the run is another drive's now: nothing to hand back.
                 how = "lease_lost"
-                _lease_lost(store, run_id)
+                lease_lost(store, run_id)
                 raise
             if run_id in self._cancelling:
                 how = "cancelled"
@@ -319,7 +306,7 @@ class Engine(GraphDriving):
                     )
                 except LeaseLost:  # stalled past the lease: the new holder finishes it
                     how = "lease_lost"
-                    _lease_lost(store, run_id)
+                    lease_lost(store, run_id)
                     return
                 except Exception as exc:  # a database blip, say: the next drive finishes it
                     how = "db_error" if isinstance(exc, TRANSIENT_DB_ERRORS) else "failed"
@@ -329,10 +316,10 @@ class Engine(GraphDriving):
             else:  # shutdown: hand the run to the next worker, from its checkpoint
                 how = "handed_back"
                 release = True
-                await asyncio.shield(_flush_quietly(store))
+                await asyncio.shield(flush_quietly(store))
                 # With the time its graph ran since the last renewal: not the run's to lose.
                 stopped = self._clock_reading(run_id)
-                await asyncio.shield(self._release(run_id, version, True, active_s=stopped))
+                await asyncio.shield(self.handback.release(run_id, version, True, active_s=stopped))
                 raise
         except TRANSIENT_DB_ERRORS as exc:
             if run_id in self._cancelling and not carries_cancel:
@@ -362,7 +349,7 @@ class Engine(GraphDriving):
             )
             if handed is None:  # the error came after the lease moved on: not ours to record
                 how = "lease_lost"
-                _lease_lost(store, run_id)
+                lease_lost(store, run_id)
                 return
             retry_in, failures = handed
         finally:
@@ -373,10 +360,10 @@ class Engine(GraphDriving):
                 self._cancelling.discard(run_id)
             self.metrics.inc("drives_ended_total", how=how)
         try:
-            await asyncio.shield(_flush_quietly(store))
+            await asyncio.shield(flush_quietly(store))
         finally:  # a cancel notice landing here must not keep the lease from its release
             await asyncio.shield(
-                self._release(
+                self.handback.release(
                     run_id, version, release, retry_in, failures, backoff_cancel=carries_cancel
                 )
             )
@@ -387,7 +374,7 @@ class Engine(GraphDriving):
         this one must stop acting for it (its writes are fenced off; a tool's reconcile,
         say, is not). Its end is always collected, never left for asyncio to report."""
         task = asyncio.ensure_future(work)
-        task.add_done_callback(_collected)
+        task.add_done_callback(collected)
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -431,52 +418,9 @@ class Engine(GraphDriving):
             dedupe_key=f"worker-lost:{version}",
         )
 
-    async def _release(
-        self,
-        run_id: str,
-        version: int,
-        needs_drive: bool | None,
-        retry_in: float | None = None,
-        failures: int | None = None,
-        *,
-        active_s: float | None = None,
-        backoff_cancel: bool = False,
-    ) -> None:
-
-        async def release() -> None:
-            pending = await self.store.release_lease(
-                run_id,
-                self.owner,
-                version,
-                needs_drive=needs_drive,
-                retry_in=retry_in,
-                failures=failures,
-                active_s=active_s,
-                backoff_cancel=backoff_cancel,
-            )
-            if retry_in is not None and pending is not None:
-                # Any worker may retry it then; this one wakes for it, not at its sweep.
-                asyncio.get_running_loop().call_later(retry_in, self.wake)
-            if pending:
-                # Decided, cancelled or handed back while we drove it: a worker (this
-                # one, most likely) claims it again. Its NOTIFY came while we held it.
-                self.wake()
-
-        try:
-            await release()
-        except TRANSIENT_DB_ERRORS:
-            if self._shutting_down:  # its lease lapses: nothing may outlive the shutdown
-                return
-            task = asyncio.create_task(
-                release_when_back(release, self.lease_s), name=f"release:{run_id}"
-            )
-            self._releasing.add(task)
-            task.add_done_callback(self._releasing.discard)
-            task.add_done_callback(_collected)
-
     async def shutdown(self, grace_s: float = 0.0) -> None:
         """Let drives finish for ``grace_s``, then hand the rest back from their checkpoints."""
-        self._shutting_down = True
+        self.handback.shutting_down = True
         tasks = [d.task for d in self.drives.values()]
         tasks += [t for unwinding in self._unwinding.values() for t in unwinding]
         if tasks and grace_s > 0:
@@ -488,27 +432,4 @@ class Engine(GraphDriving):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         # Those the database kept from their release: their leases lapse instead.
-        for task in list(self._releasing):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
-async def _flush_quietly(store: RunStore) -> None:
-    """Write what a drive deferred (a node it started) before the run changes hands.
-
-    Lost with the lease or the database, it is written again by the next drive,
-    which starts the node again."""
-    try:
-        await store.flush()
-    except LeaseLost:  # the holder now starts the node again: nothing went wrong here
-        log.info("a drive's deferred state change was left to the run's new holder")
-    except Exception:  # the run must still be released
-        log.warning("a drive's deferred state change was not written", exc_info=True)
-    finally:
-        store.close_journal()
-
-
-def _lease_lost(store: RunStore, run_id: str) -> None:
-    log.warning("lost the lease on %s; another worker drives it now", run_id)
-    store.close_journal()
+        await self.handback.stop()

@@ -17,16 +17,14 @@ killing that one too, it fails with RUN_CRASH_LOOP instead of being driven again
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from runtime.adapter import fail_run, failure_trigger
 from runtime.cancelling import CallSetting, CutOff, fail_cut_off
-from runtime.dberrors import DATABASE_ERRORS, TRANSIENT_DB_ERRORS
+from runtime.dberrors import DATABASE_ERRORS
 from runtime.errors import Code
 from runtime.model import problems_of
 from runtime.reconcile import ReconcileUnanswered
@@ -52,29 +50,6 @@ class DriveRetry:
         # (The exponent bounded: a cancel's drive is never given up on, and a float
         # overflows past 2**1023, which failed a drive a day's outage in.)
         return float(min(self.base_s * 2.0 ** min(failures - 1, 64), self.max_s))
-
-
-RELEASE_RETRY_MAX_S = 2.0
-"""The longest wait between two tries of a release the database refused."""
-
-
-async def release_when_back(release: Callable[[], Awaitable[None]], lease_s: float) -> None:
-    """A drive's release, which met the database away (most often what failed the
-    drive), tried again until it is back. Left alone, the run would wait out its lease
-    once it is, and be taken over as if its worker had died: a WORKER_LOST on its record,
-    and one more takeover towards making it a suspect. Past a lease, any worker may take
-    it anyway."""
-    loop = asyncio.get_running_loop()
-    until = loop.time() + lease_s
-    delay = 0.05
-    while loop.time() + delay < until:
-        await asyncio.sleep(delay)
-        try:
-            await release()
-            return
-        except TRANSIENT_DB_ERRORS:
-            delay = min(delay * 2, RELEASE_RETRY_MAX_S)
-    log.warning("could not give a run back within its lease; it is taken over when it ends")
 
 
 async def after_failed_drive(

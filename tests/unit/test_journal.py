@@ -362,7 +362,7 @@ async def test_a_drive_giving_up_a_lost_lease_leaves_its_deferred_change_quietly
 ) -> None:
     """The new holder starts the node again and writes its own: a drive that ends
     after losing the lease has nothing to warn about (a database that fails it does)."""
-    from runtime.engine import _flush_quietly
+    from runtime.handback import flush_quietly
 
     store = store_of(backend)
     run = await make_run(store)
@@ -370,7 +370,7 @@ async def test_a_drive_giving_up_a_lost_lease_leaves_its_deferred_change_quietly
     stale.defer_transition(run.run_id, Trigger.START, expect=State.PENDING)
 
     with caplog.at_level(logging.INFO, logger="runtime.engine"):
-        await _flush_quietly(stale)
+        await flush_quietly(stale)
 
     assert await state_of(store, run.run_id) is State.PENDING
     [record] = [r for r in caplog.records if "deferred state change" in r.getMessage()]
