@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from runtime import failpoints
 from runtime.aio import to_the_end
+from runtime.artifact_naming import check_naming
 from runtime.attempts import BACKOFF_MAX_S, run_handler
 from runtime.breaker import BREAKERS, Breaker
 from runtime.dberrors import serving
@@ -62,6 +63,7 @@ class StoreArtifacts:
         from runtime.ids import artifact_id
         from runtime.model import Artifact
 
+        check_naming(media_type, name)  # ValueError: the tool's, before anything is written
         artifact = Artifact(
             artifact_id=artifact_id(content),
             media_type=media_type,
@@ -115,7 +117,9 @@ async def _finish(
     if output is not None:
         output, encoded = plain_json(output)
         if len(encoded) > INLINE_OUTPUT_BYTES:
-            art = await artifacts.put(encoded, "application/json", f"{row.tool}-output.json")
+            # Clipped: tool names are the registry's, which has no bound on them.
+            name = f"{row.tool[:200]}-output.json"
+            art = await artifacts.put(encoded, "application/json", name)
             artifact_ref = art.artifact_id
             output = {
                 "artifact_id": art.artifact_id,

@@ -26,7 +26,10 @@ class ToolUnavailable(Exception):
 
 
 class ArtifactSink(Protocol):
-    async def put(self, content: bytes, media_type: str, name: str) -> Artifact: ...
+    async def put(self, content: bytes, media_type: str, name: str) -> Artifact:
+        """Keep ``content`` (its hash is its id) and put it on the run's record.
+        ``ValueError`` for a media type or name runtime.artifact_naming refuses."""
+        ...
 
 
 @dataclass(frozen=True)

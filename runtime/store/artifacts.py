@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from runtime.artifact_naming import is_media_type
 from runtime.events import EventType
 from runtime.model import Artifact
 from runtime.store.codec import _dec
@@ -88,7 +89,10 @@ class ArtifactQueries(StoreCore):
             data = _dec(row)["data"]
             try:
                 artifact = Artifact.model_validate({**data, "run_id": row["run_id"]})
-                return Naming(artifact.name, artifact.media_type)
+                # One written before media types were checked: the bytes under their
+                # name, of no known type (the type as stored cannot be a header).
+                media_type = artifact.media_type if is_media_type(artifact.media_type) else OPAQUE
+                return Naming(artifact.name, media_type)
             except (ValidationError, TypeError):
                 log.warning(
                     "artifact event of %s for %s no longer validates", row["run_id"], artifact_id

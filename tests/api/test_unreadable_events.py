@@ -13,6 +13,8 @@ from argparse import Namespace
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from server.cli_client import Cli
 from server.client import SseParser
 from server.client_render import ASCII, Printer, Renderer
@@ -247,6 +249,29 @@ async def test_an_artifact_whose_event_no_longer_validates_is_served_as_opaque_b
     stranger = bearer(user="u-eve", tenant="other-co", roles=["admin"])
     other = await api.client.get(f"/artifacts/{artifact_id}", headers=stranger)
     assert other.status_code == 404  # to another tenant as absent as before
+
+
+@pytest.mark.parametrize("media_type", ["text/plain; charset=報告", "text/plain\r\nX-Evil: 1"])
+async def test_an_artifact_stored_under_a_media_type_no_header_carries_is_served_opaque(
+    api: Api, media_type: str
+) -> None:
+    """Written before media types were checked (runtime.artifact_naming): the type as
+    stored was a 500 (not Latin-1) or a dropped connection (a line break) on every read
+    of the bytes. They are served under their name, as bytes of no known type."""
+    run_id, _, artifact_id = await parked_demo_run(api)
+    before = await api.client.get(f"/artifacts/{artifact_id}")
+    [event] = [e for e in await api.events(run_id) if e["type"] == "artifact"]
+    stored = json.dumps({**event["data"], "media_type": media_type})
+    await corrupt(api, "events", "data = ?", "run_id = ? AND type = 'artifact'", stored, run_id)
+
+    after = await api.client.get(f"/artifacts/{artifact_id}")
+
+    assert after.status_code == 200, after.text
+    assert after.content == before.content
+    assert after.headers["content-type"] == "application/octet-stream"
+    assert after.headers["content-disposition"] == before.headers["content-disposition"].replace(
+        "inline", "attachment"
+    )
 
 
 async def test_an_artifact_whose_own_row_no_longer_validates_is_served_as_named(
