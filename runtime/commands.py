@@ -253,10 +253,8 @@ class RunCommands:
         config = {"configurable": {"thread_id": run.run_id}}
         snapshot = await self._graph(run).aget_state(config)
         checkpoint_id = (snapshot.config or {}).get("configurable", {}).get("checkpoint_id")
-        if checkpoint_id is None and run.state in TERMINAL and run.usage.steps > 0:
-            # It had checkpoints: retention is pruning it (checkpoints first, then its rows,
-            # or a prune was stopped in between). Not a made-up empty state: gone.
-            raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run.run_id} is being pruned")
+        if checkpoint_id is None:
+            _unless_pruning(run)
         values = snapshot.values or {}
         step = values.get("step_index", 0)
         memory_version = values.get("memory_version", 0)
@@ -303,6 +301,8 @@ class RunCommands:
             page = [
                 s async for s in graph.aget_state_history(config, before=before, limit=HISTORY_PAGE)
             ]
+            if before is None and not page:
+                _unless_pruning(run)
             for snapshot in page:
                 values = snapshot.values or {}
                 planned = int((values.get("usage") or {}).get("steps", 0))
@@ -313,3 +313,11 @@ class RunCommands:
             if len(page) < HISTORY_PAGE:
                 return None
             before = page[-1].config
+
+
+def _unless_pruning(run: Run) -> None:
+    """Of a run found with no checkpoint: one that ended after it had some is being
+    pruned (checkpoints first, then its rows, or a prune was stopped in between). Gone,
+    not a made-up empty state, nor a step its record lists said to be none."""
+    if run.state in TERMINAL and run.usage.steps > 0:
+        raise RuntimeProblem(Code.RUN_NOT_FOUND, f"run {run.run_id} is being pruned")

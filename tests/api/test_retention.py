@@ -187,9 +187,12 @@ async def test_a_run_whose_checkpoints_are_pruned_first_is_gone_not_made_up(api:
     await api.engine.checkpointer.adelete_thread(run_id)
 
     answer = await api.client.get(f"/runs/{run_id}/checkpoint")
+    # A step /steps still lists: "decided no step 0" said the opposite of the record.
+    context = await api.client.get(f"/runs/{run_id}/planner-context/0")
 
-    assert answer.status_code == 404 and answer.json()["code"] == "RUN_NOT_FOUND"
-    assert "being pruned" in answer.json()["detail"]
+    for gone in (answer, context):
+        assert gone.status_code == 404 and gone.json()["code"] == "RUN_NOT_FOUND", gone.text
+        assert "being pruned" in gone.json()["detail"]
 
 
 def test_a_trace_cut_off_by_pruning_is_logged_as_a_warning_line(
