@@ -140,14 +140,21 @@ async def keys(args: argparse.Namespace, settings: Settings) -> int:
 async def prune(args: argparse.Namespace, settings: Settings) -> int:
     from datetime import timedelta
 
-    from runtime.backend import open_backend
+    from runtime.backend import open_backend, sqlite_path
     from runtime.model import utcnow
     from runtime.retention import prune as prune_runs
     from runtime.store.codec import _iso
+    from server.settings import refused
 
+    url = settings.resolved_database_url
+    if url.startswith("sqlite:///") and not sqlite_path(url).is_file():
+        # Opening it would make an empty store, and "0 runs" would vouch for a typo.
+        why = refused(settings.database_setting, f"no database at {sqlite_path(url)}")
+        print(f"agent-runtime prune: {why}: nothing to prune", file=sys.stderr)
+        return EXIT_USAGE
     cutoff = utcnow() - timedelta(days=args.older_than)
     when = _iso(cutoff)  # as the API writes times
-    backend = await open_backend(settings.resolved_database_url)
+    backend = await open_backend(url)
     try:
         if args.dry_run:
             count = await backend.store.count_ended_runs(cutoff)

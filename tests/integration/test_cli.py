@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -465,6 +466,27 @@ def test_a_revoked_key_ends_the_streams_it_opened(server: ServerProcess) -> None
     assert httpx.get(url, headers=as_key).status_code == 401
     with server.client() as http:  # the run itself goes on, for a caller still allowed
         assert http.get(f"/runs/{run_id}").json()["state"] == "waiting_human"
+
+
+@pytest.mark.parametrize("setting", ["DATABASE_URL", "DATA_DIR"])
+def test_prune_of_a_database_that_is_not_there_is_refused_not_made(
+    tmp_path: Path, setting: str
+) -> None:
+    """A mistyped path: opening it made an empty store, and "0 runs ended before …"
+    (exit 0, even with --dry-run, "nothing deleted") vouched for the typo."""
+    typo = tmp_path / "typo"
+    value = f"sqlite:///{typo}/runtme.db" if setting == "DATABASE_URL" else str(typo)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RUNTIME_")}
+    env |= {"PYTHONPATH": str(ROOT), f"AGENT_RUNTIME_{setting}": value}
+
+    for dry in ([], ["--dry-run"]):
+        done = subprocess.run(
+            [*CLI, "prune", "--older-than", "30", *dry],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        assert f"AGENT_RUNTIME_{setting}: no database at {typo}" in done.stderr
+        assert not typo.exists()
 
 
 def test_prune_deletes_the_runs_that_ended_long_enough_ago(server: ServerProcess) -> None:
