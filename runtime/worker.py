@@ -171,8 +171,13 @@ class Worker:
                 # The drive whose lease this was: a later one of the run (claimed again once
                 # that lease was released) holds a lease of its own, and keeps it.
                 if run_id not in held and drive is not None and drive.version == version:
-                    # Someone else owns it now: stop without writing anything more.
-                    log.warning("lease on %s was taken over; stopping its drive", run_id)
+                    # Someone else owns it now (or, ended, it was pruned as its drive
+                    # let go): stop without writing anything more.
+                    log.warning(
+                        "lease on %s is not ours any more (taken over, or the run pruned);"
+                        " stopping its drive",
+                        run_id,
+                    )
                     drive.lease_lost = True
                     drive.task.cancel()
 
