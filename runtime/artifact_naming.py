@@ -19,8 +19,10 @@ MAX_NAME = 255
 
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _QUOTED = r'"(?:[\t !#-\[\]-~]|\\[\t -~])*"'
-MEDIA_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(?:[ \t]*;[ \t]*{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))*")
-"""RFC 9110 §8.3.1's ``media-type``: type/subtype and its parameters, ASCII alone."""
+MEDIA_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(?:[ \t]*;(?:[ \t]*{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))?)*")
+"""RFC 9110 §8.3.1's ``media-type``: type/subtype and its parameters (§5.6.6: one may
+be empty, as in the ``text/html; charset=UTF-8;`` some servers send), ASCII alone,
+with no whitespace at its end (no header value has any)."""
 
 
 def is_media_type(text: str) -> bool:

@@ -34,11 +34,11 @@ from runtime.errors import CODES, Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.events import EventType
 from runtime.graph_drive import GraphDriving, Progress, active_at_start
-from runtime.handback import Handback, collected, flush_quietly, lease_lost
 from runtime.ids import content_hash, new_run_id
 from runtime.lifecycle import TERMINAL, State
 from runtime.metrics import Metrics
 from runtime.model import Run, RunCreate, utcnow
+from runtime.release import Releases, collected, flush_quietly, lease_lost
 from runtime.retry import (
     DriveRetry,
     after_broken_drive,
@@ -103,7 +103,7 @@ class Engine(GraphDriving):
         """Runs another process asked a worker for while we drove them."""
         self._unwinding: dict[str, set[asyncio.Task[None]]] = {}
         """Earlier drives of a run driven again, not ended yet: the new drive waits."""
-        self.handback = Handback(store, self.owner, lease_s, self.wake)
+        self.releases = Releases(store, self.owner, lease_s, self.wake)
 
     def wake(self) -> None:
         self.work.set()
@@ -319,7 +319,7 @@ class Engine(GraphDriving):
                 await asyncio.shield(flush_quietly(store))
                 # With the time its graph ran since the last renewal: not the run's to lose.
                 stopped = self._clock_reading(run_id)
-                await asyncio.shield(self.handback.release(run_id, version, True, active_s=stopped))
+                await asyncio.shield(self.releases.release(run_id, version, True, active_s=stopped))
                 raise
         except TRANSIENT_DB_ERRORS as exc:
             if run_id in self._cancelling and not carries_cancel:
@@ -363,7 +363,7 @@ class Engine(GraphDriving):
             await asyncio.shield(flush_quietly(store))
         finally:  # a cancel notice landing here must not keep the lease from its release
             await asyncio.shield(
-                self.handback.release(
+                self.releases.release(
                     run_id, version, release, retry_in, failures, backoff_cancel=carries_cancel
                 )
             )
@@ -420,7 +420,7 @@ class Engine(GraphDriving):
 
     async def shutdown(self, grace_s: float = 0.0) -> None:
         """Let drives finish for ``grace_s``, then hand the rest back from their checkpoints."""
-        self.handback.shutting_down = True
+        self.releases.shutting_down = True
         tasks = [d.task for d in self.drives.values()]
         tasks += [t for unwinding in self._unwinding.values() for t in unwinding]
         if tasks and grace_s > 0:
@@ -432,4 +432,4 @@ class Engine(GraphDriving):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         # Those the database kept from their release: their leases lapse instead.
-        await self.handback.stop()
+        await self.releases.stop()

@@ -19,6 +19,7 @@ REFUSED = [
     ("text/\udcff", "report.txt"),
     ("text", "report.txt"),
     ("text/plain; charset", "report.txt"),
+    ("text/plain; ", "report.txt"),  # no header value ends in whitespace
     ("text/" + "x" * 300, "report.txt"),
     ("text/plain", ""),
     ("text/plain", "r" * 256),
@@ -45,7 +46,12 @@ async def test_an_artifact_no_header_or_store_can_carry_is_refused_and_not_writt
 
 @pytest.mark.parametrize(
     "media_type",
-    ["text/plain", 'text/plain; charset="utf-8"', "application/vnd.ms-excel;q=0.5;x=y"],
+    [
+        "text/plain",
+        'text/plain; charset="utf-8"',
+        "application/vnd.ms-excel;q=0.5;x=y",
+        "text/html; charset=UTF-8;",  # an empty parameter (RFC 9110 §5.6.6), as servers send
+    ],
 )
 async def test_a_media_type_with_parameters_is_kept_as_given(
     backend: object, make_run: MakeRun, media_type: str

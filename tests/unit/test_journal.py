@@ -362,7 +362,7 @@ async def test_a_drive_giving_up_a_lost_lease_leaves_its_deferred_change_quietly
 ) -> None:
     """The new holder starts the node again and writes its own: a drive that ends
     after losing the lease has nothing to warn about (a database that fails it does)."""
-    from runtime.handback import flush_quietly
+    from runtime.release import flush_quietly
 
     store = store_of(backend)
     run = await make_run(store)

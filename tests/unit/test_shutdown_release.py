@@ -1,6 +1,6 @@
 """A drive's release still in its first try when the shutdown's grace ends: the drive is
 cancelled and stops waiting for it, the shutdown returns, and the store closes. That
-try failing then must not start a background retry (runtime.handback.release_when_back)
+try failing then must not start a background retry (runtime.release.release_when_back)
 that outlives the shutdown and tries the closed store for a lease.
 
 The database's silence is injected into the store's one release (the blip fixtures
@@ -62,4 +62,4 @@ async def test_no_release_is_tried_after_the_shutdown(data_dir: Path, database_u
     closed_at = time.monotonic()
     await asyncio.sleep(2.0)  # the first try fails meanwhile; a retry would follow
     assert [t for t in tries if t > closed_at] == []
-    assert not [t for t in engine.handback.releasing if not t.done()]
+    assert not [t for t in engine.releases.releasing if not t.done()]

@@ -49,7 +49,8 @@ async def flush_quietly(store: RunStore) -> None:
 
 
 def lease_lost(store: RunStore, run_id: str) -> None:
-    log.warning("lost the lease on %s; another worker drives it now", run_id)
+    # (Or, ended, the run was pruned as its drive let go.)
+    log.warning("lost the lease on %s; another worker drives it now, or it was pruned", run_id)
     store.close_journal()
 
 
@@ -72,7 +73,7 @@ async def release_when_back(release: Callable[[], Awaitable[None]], lease_s: flo
 
 
 @dataclass
-class Handback:
+class Releases:
     """The releases of one engine's drives."""
 
     store: RunStore
