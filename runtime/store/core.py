@@ -18,7 +18,7 @@ from runtime.lifecycle import TERMINAL, State, Trigger, transition
 from runtime.model import utcnow
 from runtime.store.codec import _enc, _enc_col, _ts, event_row
 from runtime.store.journal import Journal, PendingTransition
-from runtime.store.schema import MIGRATIONS, check_schema_version
+from runtime.store.schema import ADDED_COLUMN, MIGRATIONS, check_schema_version
 from runtime.store.tx import LeaseLost, Row, StoreTx, Tx
 
 EventListener = Callable[[str, int, Sequence[Row]], None]
@@ -289,8 +289,21 @@ class StoreCore(ABC):
                 if version <= current:
                     continue
                 for sql in statements:
+                    added = ADDED_COLUMN.match(sql)
+                    if added is not None and await self._has_column(tx, *added.groups()):
+                        continue
                     await tx.execute(sql.format(blob=self.blob_type))
                 await tx.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+
+    async def _has_column(self, tx: StoreTx, table: str, column: str) -> bool:
+        if self.dialect == "sqlite":
+            sql = "SELECT 1 AS one FROM pragma_table_info(?) WHERE name = ?"
+        else:
+            sql = (
+                "SELECT 1 AS one FROM information_schema.columns "
+                "WHERE table_schema = current_schema() AND table_name = ? AND column_name = ?"
+            )
+        return await tx.fetchone(sql, (table, column)) is not None
 
     def _notify(self, appended: dict[str, int], rows: dict[str, list[Row]]) -> None:
         """After a commit: tell the listeners each run's last seq and its new event rows."""

@@ -5,6 +5,28 @@
 
 from __future__ import annotations
 
+import re
+
+AUDIT = [
+    # What people did that no run's log records (runtime.store.audit): a user's
+    # memory erased, by them or by a tenant admin; API keys created and revoked.
+    """CREATE TABLE IF NOT EXISTS audit (
+        audit_id TEXT PRIMARY KEY,
+        at TEXT NOT NULL,
+        tenant_id TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        detail TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS audit_tenant ON audit (tenant_id, at, audit_id)",
+]
+"""Migration 6, and 16 again."""
+
+ADDED_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
+"""A statement the migrations skip where the column is there already: some migrations
+were edited after they shipped, and a database that ran the first edition has it."""
+
 MIGRATIONS: list[list[str]] = [
     [
         """CREATE TABLE IF NOT EXISTS runs (
@@ -139,20 +161,7 @@ MIGRATIONS: list[list[str]] = [
         # that lasts ends the run with CHECKPOINT_ERROR instead of being retried forever.
         "ALTER TABLE runs ADD COLUMN drive_failures INTEGER NOT NULL DEFAULT 0",
     ],
-    [
-        # What people did that no run's log records (runtime.store.audit): a user's
-        # memory erased, by them or by a tenant admin; API keys created and revoked.
-        """CREATE TABLE IF NOT EXISTS audit (
-            audit_id TEXT PRIMARY KEY,
-            at TEXT NOT NULL,
-            tenant_id TEXT NOT NULL,
-            actor TEXT NOT NULL,
-            action TEXT NOT NULL,
-            subject TEXT NOT NULL,
-            detail TEXT NOT NULL
-        )""",
-        "CREATE INDEX IF NOT EXISTS audit_tenant ON audit (tenant_id, at, audit_id)",
-    ],
+    AUDIT,
     [
         # Retention (runtime.retention) picks the runs that ended longest ago, in batches
         # (only an ended run has an ended_at): without it each batch read and sorted
@@ -226,6 +235,10 @@ MIGRATIONS: list[list[str]] = [
         # next attempt starts: a call cut off between two attempts kept none of it.
         "ALTER TABLE tool_calls ADD COLUMN retried TEXT NOT NULL DEFAULT '[]'",
     ],
+    # Migration 6 was first an index (since dropped again by 14) and became the audit
+    # table after it shipped: a database that ran the first counted 6 and never got
+    # the table (erasing memory and revoking a key failed on it for good).
+    AUDIT,
 ]
 
 

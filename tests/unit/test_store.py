@@ -932,6 +932,41 @@ async def test_an_embedded_database_is_readable_by_its_owner_alone(tmp_path: Pat
         await backend.close()
 
 
+async def test_a_database_whose_migration_6_was_the_first_edition_gets_the_audit_table(
+    backend: object,
+) -> None:
+    """Migration 6 was an index before it became the audit table: a database that ran
+    the first counted 6 and never had the table, and erasing memory and revoking keys
+    failed on it for good."""
+    store = store_of(backend)
+    async with store.tx() as tx:  # the state such a database is in at version 15
+        await tx.execute("DROP TABLE audit")
+        await tx.execute("DELETE FROM schema_version WHERE version > ?", (15,))
+
+    await store.migrate()
+
+    entry = await store.record_audit("t1", "ann via cli", "key.revoke", "key-1")
+    entries, _ = await store.page_audit("t1", limit=10, cursor=None)
+    assert [e.audit_id for e in entries] == [entry.audit_id]
+
+
+async def test_a_column_an_earlier_edition_of_its_migration_added_is_not_added_again(
+    backend: object,
+) -> None:
+    """Migration 12 first added the drainer columns, then 13 did (and 12 no longer): a
+    database migrated in between failed 13's ALTER TABLE on a column it had."""
+    store = store_of(backend)
+    async with store.tx() as tx:  # drainer and drainer_until there, 13 not run
+        await tx.execute("DELETE FROM schema_version WHERE version > ?", (12,))
+
+    await store.migrate()
+
+    async with store.tx() as tx:
+        row = await tx.fetchone("SELECT MAX(version) AS v FROM schema_version")
+        await tx.execute("UPDATE runs SET drainer = ? WHERE run_id = ?", ("w1", "none"))
+    assert row is not None and row["v"] == len(MIGRATIONS)
+
+
 async def test_a_database_a_newer_version_migrated_refuses_this_one(backend: object) -> None:
     """A rollback onto a migrated database: the older code would write around columns
     and meanings it does not know, silently wrong (a probe saw approvals stored in a
