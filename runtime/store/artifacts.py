@@ -109,6 +109,14 @@ class ArtifactQueries(StoreCore):
             )
         return row is not None
 
+    async def artifact_size(self, artifact_id: str) -> int | None:
+        """The artifact's length in bytes, without reading them (a HEAD's answer)."""
+        async with self.read(runs=False) as tx:
+            row = await tx.fetchone(
+                "SELECT size FROM artifacts WHERE artifact_id = ?", (artifact_id,)
+            )
+        return None if row is None else int(row["size"])
+
     async def artifact_content(self, artifact_id: str) -> bytes | None:
         """The artifact's bytes alone: what serving them needs of its row."""
         async with self.read(runs=False) as tx:

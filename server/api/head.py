@@ -11,7 +11,17 @@ on unseen nor keeps the caller's stream slot.
 
 from __future__ import annotations
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+HEAD_KEY = "agent_runtime.head"
+"""Set in the GET's scope where it stands for a HEAD."""
+
+
+def is_head(request: Request) -> bool:
+    """Whether this GET stands for a HEAD: a route whose body is costly to read (an
+    artifact's bytes) may answer with its headers alone, Content-Length included."""
+    return bool(request.scope.get(HEAD_KEY))
 
 
 class HeadAsGet:
@@ -33,4 +43,4 @@ class HeadAsGet:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         # A copy: the server's own scope still says HEAD, so it sends no body either.
-        await self.app({**scope, "method": "GET"}, receive, send_head)
+        await self.app({**scope, "method": "GET", HEAD_KEY: True}, receive, send_head)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from tests.api.conftest import EAST, QUESTION, Api
-from tests.api.helpers import problem
+from tests.api.helpers import parked_demo_run, problem
 
 
 async def test_head_answers_as_get_without_the_body(api: Api) -> None:
@@ -46,3 +48,30 @@ async def test_head_refused_as_get_would_be(api: Api) -> None:
     assert only_post.status_code == 405 and only_post.headers["allow"] == "POST"
     problem(await api.client.delete("/healthz"), 405, "METHOD_NOT_ALLOWED")
     assert (await api.client.delete("/healthz")).headers["allow"] == "GET, HEAD"
+
+
+async def test_head_of_an_artifact_answers_as_get_without_reading_its_bytes(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A HEAD read the whole blob to send none of it: seconds for 100 MB."""
+    _, _, artifact_id = await parked_demo_run(api)
+    path = f"/artifacts/{artifact_id}"
+    got = await api.client.get(path)
+    store = api.engine_services.store
+    reads: list[str] = []
+    read = store.artifact_content
+
+    async def counted(of: str) -> bytes | None:
+        reads.append(of)
+        return await read(of)
+
+    monkeypatch.setattr(store, "artifact_content", counted)
+    head = await api.client.head(path)
+
+    assert head.status_code == got.status_code == 200 and head.content == b""
+    shown = ("content-length", "content-type", "content-disposition", "etag")
+    assert [head.headers[h] for h in shown] == [got.headers[h] for h in shown]
+    assert int(head.headers["content-length"]) == len(got.content) > 0
+    assert reads == []
+    missing = await api.client.head("/artifacts/sha256:" + "0" * 64)
+    assert missing.status_code == 404 and missing.content == b""

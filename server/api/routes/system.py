@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from graphs.run_graph import handoff_map
 from runtime.errors import Code, RuntimeProblem
 from server.api.deps import EngineDep, PrincipalDep, StoreDep, get_principal
+from server.api.head import is_head
 from server.api.openapi import AUTHENTICATED, headers, problem_responses
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,13 @@ async def get_artifact(
         # RFC 9110 §13.1.2: the client holds these bytes already (a name that is a
         # hash of them); not read, nor sent, again.
         return Response(status_code=304, headers=cached)
-    content = await store.artifact_content(artifact_id)
+    length: dict[str, str] = {}
+    if is_head(request):
+        # What a GET would send, but the bytes: not read (a 100 MB artifact took seconds).
+        size = await store.artifact_size(artifact_id)
+        content, length = (None, {}) if size is None else (b"", {"Content-Length": str(size)})
+    else:
+        content = await store.artifact_content(artifact_id)
     if content is None:
         raise RuntimeProblem(Code.ARTIFACT_NOT_FOUND, f"no artifact {artifact_id}")
     disposition = "inline" if naming.media_type in SAFE_INLINE else "attachment"
@@ -92,6 +99,7 @@ async def get_artifact(
             "Content-Disposition": content_disposition(disposition, naming.name),
             "X-Content-Type-Options": "nosniff",
             **cached,
+            **length,
         },
     )
 
