@@ -76,12 +76,20 @@ def label(text: str) -> str:
     return "~" + "".join(f"~{ord(c):02X}" if c in ESCAPED else c for c in text)
 
 
+def first_label(text: str) -> str:
+    """The label the first versions gave ``text`` (before wildcards were escaped): what
+    they wrote under it is erased with the user's memory (:meth:`Memory.forget`). Their
+    labels start with "%", never "~": no current label is one of them."""
+    return "%" + text.replace("%", "%25").replace(".", "%2E").replace("\x00", "%00")
+
+
 class Memory:
     """One user's long-term memory: JSON objects by key, grouped by optional sub-namespaces."""
 
     def __init__(self, store: BaseStore, tenant_id: str, user_id: str) -> None:
         self._store = store
         self._prefix = (ROOT, label(tenant_id), label(user_id))
+        self._first_prefix = (ROOT, first_label(tenant_id), first_label(user_id))
 
     @classmethod
     def for_tool(cls, store: BaseStore, tenant_id: str, user_id: str) -> Memory:
@@ -134,13 +142,19 @@ class Memory:
         await self._store.adelete(self._namespace(sub), key)
 
     async def forget(self) -> int:
-        """Delete every memory of this user, in every sub-namespace; how many there were."""
+        """Delete every memory of this user, in every sub-namespace; how many there were.
+
+        What the first versions wrote under the user's labels of then is erased too: no
+        data migration moved it (it is not listed), and an erasure must reach it."""
+        return await self._forget(self._prefix) + await self._forget(self._first_prefix)
+
+    async def _forget(self, prefix: tuple[str, ...]) -> int:
         # Each item deleted, with the time of the write it deleted.
         gone: dict[tuple[tuple[str, ...], str], datetime] = {}
         again = False
         while True:
             # A search of the user's own prefix reaches every namespace below it.
-            found = await self._store.asearch(self._prefix, limit=100, refresh_ttl=False)
+            found = await self._store.asearch(prefix, limit=100, refresh_ttl=False)
             page = {(tuple(item.namespace), item.key): item.updated_at for item in found}
             if not page:
                 return len(gone)

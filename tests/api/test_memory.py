@@ -291,6 +291,29 @@ async def test_a_dot_key_an_older_version_wrote_is_erased_on_its_own(api: Api) -
     assert await mine.items() == {"keep": {"v": 1}}
 
 
+async def test_what_the_first_versions_wrote_is_erased_with_the_users_memory(
+    backend: Any,
+) -> None:
+    """Their labels escaped with "%" (and had no "=" leaf): no migration moved what
+    they wrote, and an erasure left it in the store, counted as nothing."""
+    store = backend.memory
+    first = ("memory", "%acme%2Ecom", "%ann")
+    await store.aput((*first, "="), "region", {"v": "east"})
+    await store.aput((*first, "%reports", "="), "pref", {"v": 1})
+    await store.aput(first, "no-leaf", {"v": 2})
+    others = [("memory", "%acme%2Ecom", "%anna"), ("memory", "%acme%2Ecom", "%ann%25")]
+    for other in others:
+        await store.aput((*other, "="), "region", {"v": "theirs"})
+    mine = Memory(store, "acme.com", "ann")
+    await mine.put("now", {"v": 3})
+
+    assert await mine.forget() == 4
+
+    assert await store.asearch(first) == [] and await mine.items() == {}
+    for other in others:
+        assert (await store.aget((*other, "="), "region")) is not None, other
+
+
 def nested(levels: int) -> dict[str, Any]:
     """A value nesting ``levels`` + 1 levels deep: an object around ``levels`` lists."""
     inner: Any = 1
