@@ -27,7 +27,16 @@ async def test_one_broken_session_has_the_idle_ones_checked(
             async with pool.connection() as conn:
                 await conn.execute("SELECT pg_sleep(0.05)")
 
-        await asyncio.gather(*(use() for _ in range(SESSIONS)))  # all of them open, idle
+        together = asyncio.Barrier(SESSIONS)
+
+        async def hold() -> None:
+            # Held at once, so the pool opens them all: the pool grows one session at a
+            # time, and a short use could hand a slow-to-open one's caller a freed one.
+            async with pool.connection() as conn:
+                await conn.execute("SELECT 1")
+                await together.wait()
+
+        await asyncio.gather(*(hold() for _ in range(SESSIONS)))  # all of them open, idle
         assert pool.get_stats()["pool_available"] == SESSIONS
         with psycopg.connect(pg_base_url, autocommit=True) as admin:
             admin.execute(
