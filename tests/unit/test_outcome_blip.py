@@ -83,6 +83,12 @@ class Blip:
         thread.start()
         self.threads.append(thread)
 
+    async def begin(self, seconds: float) -> None:
+        """:meth:`start`, off the event loop's thread: SQLite's BEGIN IMMEDIATE waits
+        there for a write lock that a connection of this process may hold until the
+        loop runs again (the store's, the checkpointer's), and would wait it out."""
+        await asyncio.to_thread(self.start, seconds)
+
     def _terminate(self) -> None:
         assert self.admin_url is not None
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
@@ -132,7 +138,7 @@ def ship_tool(shipped: list[str], blip: Blip, seconds: float) -> ToolSpec:
     async def ship(args: ShipArgs, ctx: ToolContext) -> dict[str, object]:
         shipped.append(ctx.idempotency_key)
         if len(shipped) == 1:
-            blip.start(seconds)
+            await blip.begin(seconds)
         if args.manifest_kb:
             return {"shipped": args.item, "manifest": "x" * 1024 * args.manifest_kb}
         return {"shipped": args.item}
@@ -349,13 +355,13 @@ async def test_a_failure_that_lasts_holds_the_drive_no_longer_than_a_lease(
     store: list[RunStore] = []
     filled = asyncio.Event()
 
-    def disk_full(seconds: float) -> None:  # as the handler returns
+    async def disk_full(seconds: float) -> None:  # as the handler returns
         conn = store[0]._conn._conn  # type: ignore[attr-defined]  # the store's own
         pages = conn.execute("PRAGMA page_count").fetchone()[0]
         conn.execute(f"PRAGMA max_page_count = {pages + 20}")
         filled.set()
 
-    full.start = disk_full  # type: ignore[method-assign]
+    full.begin = disk_full  # type: ignore[method-assign]
     shipped: list[str] = []
     agents = shipper_of(ToolRegistry([ship_tool(shipped, full, 0)]), manifest_kb=3000)
     settings = Settings(

@@ -115,7 +115,7 @@ async def test_one_the_database_refuses_for_now_is_kept(
     run = await make_run(store)
     tool_call_id, _, kept = await kept_call(store, blip, run)
     view = await drive_view(store, run.run_id)
-    blip.start(BLIP_S)
+    await blip.begin(BLIP_S)
 
     await Kept(kept)._record_kept(view, run)
 

@@ -44,7 +44,7 @@ def writer(ran: list[str], blip: Blip, uses: str) -> ToolSpec:
     async def write(args: NoArgs, ctx: ToolContext) -> dict[str, object]:
         ran.append(ctx.tool_call_id)
         if len(ran) == 1:
-            blip.start(BLIP_S)
+            await blip.begin(BLIP_S)
         if uses == "artifacts":
             art = await ctx.artifacts.put(b"# report", "text/markdown", "report.md")
             return {"artifact_id": art.artifact_id}
@@ -165,7 +165,7 @@ async def test_a_compensation_that_meets_a_blip_is_run_again_not_failed(
     async def unship(args: NoArgs, output: object, ctx: ToolContext) -> None:
         undone.append(ctx.tool_call_id)
         if len(undone) == 1:
-            blip.start(BLIP_S)
+            await blip.begin(BLIP_S)
         await ctx.artifacts.put(b"refund", "text/plain", "receipt.txt")
 
     async def hold(args: NoArgs, ctx: ToolContext) -> dict[str, object]:
