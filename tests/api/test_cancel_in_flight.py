@@ -19,6 +19,11 @@ from tests.api.conftest import Api, make_settings, open_api
 from tests.api.helpers import parked_demo_run, problem
 from tools.retail import outbox_rows
 
+CUT_S = 3.0
+"""The time budget of the runs cut off mid-call: room for the run's own start (claim,
+checkpoints, planner: over 0.5 s on a loaded machine) before the call it is about, which
+holds on for 30 s."""
+
 
 def transfer_started(event: dict[str, Any]) -> bool:
     return bool(event["type"] == "action" and event["data"]["tool"] == "transfer")
@@ -54,7 +59,7 @@ async def test_an_effect_that_took_place_is_recorded_and_compensated(api: Api) -
 
     assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_CANCELLED"
     # The real system says it happened: the ledger records it as done, with its output.
-    assert call["status"] == "succeeded" and call["output"] == {"transferred": 5}
+    assert call["status"] == "succeeded" and call["output"] == {"transferred": 5}, final
     assert final["outcome"]["side_effects"] == [call["tool_call_id"]]
     assert final["outcome"]["compensations"] == [call["tool_call_id"]]
     assert call["compensated"] is True
@@ -96,13 +101,13 @@ async def test_without_compensation_the_effect_is_still_reported(api: Api) -> No
 
 async def test_a_timeout_that_cuts_an_effect_off_records_it_too(api: Api) -> None:
     run = await api.create(
-        agent_id="transferrer", input="first 30", options={"budget": {"timeout_s": 0.5}}
+        agent_id="transferrer", input="first 30", options={"budget": {"timeout_s": CUT_S}}
     )
     final = await api.settle(run["run_id"])
 
     assert final["state"] == "failed" and final["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
     [call] = (await api.client.get(f"/runs/{run['run_id']}/tool-calls")).json()
-    assert call["status"] == "succeeded" and call["output"] == {"transferred": 5}
+    assert call["status"] == "succeeded" and call["output"] == {"transferred": 5}, final
     assert final["outcome"]["side_effects"] == [call["tool_call_id"]]
 
 
@@ -139,7 +144,7 @@ async def test_a_cut_off_step_charges_its_calls_that_finished_too(api: Api) -> N
     """The executor charges a step's calls together when it returns: counter finished,
     sleep was cut off, and neither was charged."""
     timed = await api.create(
-        agent_id="hurried", input="go 5", options={"budget": {"timeout_s": 0.5}}
+        agent_id="hurried", input="go 30", options={"budget": {"timeout_s": CUT_S}}
     )
     cancelled = await api.create(agent_id="hurried", input="go 30")
     await api.wait_event(
@@ -152,7 +157,7 @@ async def test_a_cut_off_step_charges_its_calls_that_finished_too(api: Api) -> N
         assert {c["tool"]: c["status"] for c in calls} == {
             "counter": "succeeded",
             "sleep": "cancelled",
-        }
+        }, final["usage"]
         assert final["usage"]["steps"] == 1 and final["usage"]["tool_calls"] == 2, final
 
 
@@ -160,7 +165,7 @@ async def test_a_run_out_of_time_keeps_what_it_spent(api: Api) -> None:
     """The usage was that of the drive's start, active time aside: the steps and calls
     of the drive that ran out were lost from the run (the checkpoint had them)."""
     run = await api.create(
-        agent_id="slow_worker", input="go 5", options={"budget": {"timeout_s": 0.5}}
+        agent_id="slow_worker", input="go 30", options={"budget": {"timeout_s": CUT_S}}
     )
     final = await api.settle(run["run_id"])
 
@@ -169,10 +174,10 @@ async def test_a_run_out_of_time_keeps_what_it_spent(api: Api) -> None:
     assert [(c["tool"], c["status"]) for c in calls] == [
         ("counter", "succeeded"),
         ("sleep", "cancelled"),
-    ]
+    ], final["usage"]
     # Two steps planned, counter charged by its executor, sleep cut off while running.
     assert final["usage"]["steps"] == 2 and final["usage"]["tool_calls"] == 2
-    assert final["usage"]["active_s"] >= 0.5
+    assert final["usage"]["active_s"] >= CUT_S
     # The log says why the sleep stopped, as its ledger row does.
     [cut] = [c for c in calls if c["tool"] == "sleep"]
     [result] = [
