@@ -155,7 +155,13 @@ class Memory:
         while True:
             # A search of the user's own prefix reaches every namespace below it.
             found = await self._store.asearch(prefix, limit=100, refresh_ttl=False)
-            page = {(tuple(item.namespace), item.key): item.updated_at for item in found}
+            # Label by label: the first versions' labels hold "%" and "_", wildcards to a
+            # store that matched a prefix without escaping them (ours escape them).
+            page = {
+                (tuple(item.namespace), item.key): item.updated_at
+                for item in found
+                if tuple(item.namespace[: len(prefix)]) == prefix
+            }
             if not page:
                 return len(gone)
             if page.keys() <= gone.keys() and all(page[k] == gone[k] for k in page):

@@ -289,7 +289,7 @@ class StoreCore(ABC):
                 if version <= current:
                     continue
                 for sql in statements:
-                    added = ADDED_COLUMN.match(sql)
+                    added = ADDED_COLUMN.fullmatch(sql)
                     if added is not None and await self._has_column(tx, *added.groups()):
                         continue
                     await tx.execute(sql.format(blob=self.blob_type))

@@ -23,9 +23,10 @@ AUDIT = [
 ]
 """Migration 6, and 16 again."""
 
-ADDED_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
+ADDED_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (?!IF )(\w+) [^,]*")
 """A statement the migrations skip where the column is there already: some migrations
-were edited after they shipped, and a database that ran the first edition has it."""
+were edited after they shipped, and a database that ran the first edition has it. One
+column a statement (matched whole), or the statement is run as it is."""
 
 MIGRATIONS: list[list[str]] = [
     [
