@@ -103,11 +103,7 @@ class ArtifactQueries(StoreCore):
         return Naming(artifact_id.replace(":", "-"), OPAQUE) if rows else None
 
     async def artifact_exists(self, artifact_id: str) -> bool:
-        async with self.read(runs=False) as tx:
-            row = await tx.fetchone(
-                "SELECT 1 AS one FROM artifacts WHERE artifact_id = ?", (artifact_id,)
-            )
-        return row is not None
+        return await self.artifact_size(artifact_id) is not None
 
     async def artifact_size(self, artifact_id: str) -> int | None:
         """The artifact's length in bytes, without reading them (a HEAD's answer)."""
