@@ -77,13 +77,26 @@ async def made_suspect(
 
 
 async def suspect_steps_as_others_start(
-    settings: Settings, ids: list[str], later: Sequence[tuple[float, RunCreate]] = ()
+    settings: Settings,
+    ids: list[str],
+    later: Sequence[tuple[float, RunCreate]] = (),
+    *,
+    expire_once_started: bool = False,
 ) -> list[int]:
     """Drive the runs ``ids`` (the first a suspect), and ``later``'s created at those
     offsets in seconds, to their end; for each of the others, the steps the suspect had
-    recorded when it was first seen started."""
+    recorded when it was first seen started. ``expire_once_started``: the suspect's
+    lease lapses the moment the second run is seen started (not at a set time, which a
+    loaded machine's slow start could pass before any claim)."""
     seen: dict[str, int] = {}
     async with open_host(settings) as host:
+
+        async def expire_suspect() -> None:
+            async with host.store.tx() as tx:
+                await tx.execute(
+                    f"UPDATE runs SET lease_expires_at = {host.store.now_sql} WHERE run_id = ?",
+                    (ids[0],),
+                )
 
         async def create_later() -> None:
             start = asyncio.get_running_loop().time()
@@ -98,6 +111,8 @@ async def suspect_steps_as_others_start(
             runs = [await host.store.get_run(run_id) for run_id in list(ids)]
             for run in runs[1:]:
                 if run is not None and run.state is not State.PENDING:
+                    if expire_once_started and run.run_id == ids[1] and ids[1] not in seen:
+                        await expire_suspect()
                     seen.setdefault(run.run_id, steps)
             if creating.done() and all(r is not None and r.state in TERMINAL for r in runs):
                 break
@@ -145,12 +160,14 @@ async def test_busy_workers_stop_taking_runs_for_a_suspect_kept_waiting(
         settings,
         RunCreate(agent_id="swallower", input="think 0.5"),
         RunCreate(agent_id="swallower", input="think 9"),  # keeps the worker busy
-        expires_in=2.0,  # the dead worker's lease: the busy run is claimed first
+        expires_in=3600,  # the dead worker's lease, until the busy run has been claimed
     )
     # A run every 0.2 s, each waking the worker before its sweep would come; the
     # suspect has waited a lease (and been seen to) well before the last ones.
     stream = [(0.2 * i, RunCreate(agent_id="slow_worker", input="sleep 0.01")) for i in range(33)]
-    busy, *streamed = await suspect_steps_as_others_start(settings, ids, stream)
+    busy, *streamed = await suspect_steps_as_others_start(
+        settings, ids, stream, expire_once_started=True
+    )
     assert busy == 0  # the suspect could not be claimed yet when it started
     assert streamed[0] == 0  # nor when the first of the stream did
     late = [steps for (at, _), steps in zip(stream, streamed, strict=True) if at >= 5.5]
