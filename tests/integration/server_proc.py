@@ -34,14 +34,26 @@ OFFLINE_ENV = {
 SECRETS = ("LANGSMITH_API_KEY", "LANGCHAIN_API_KEY", "LANGGRAPH_CLOUD_LICENSE_KEY")
 
 
+START_TIMEOUT_S = 60.0
+"""How long a child has to come up: importing the server costs seconds of CPU, many
+more on a loaded machine."""
+
+
+def port_taken(line: str) -> bool:
+    """The line a server logs when its port is in use (another process took it)."""
+    return "address already in use" in line.lower()
+
+
 def free_port() -> int:
+    """A port free now: another process may take it before the child binds it
+    (:meth:`ServerProcess.start` moves a first start to another)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
 
 
-def wait_for_file(path: Path, timeout: float = 30.0) -> None:
+def wait_for_file(path: Path, timeout: float = START_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while not (path.exists() and path.stat().st_size > 0):
         if time.monotonic() > deadline:
@@ -159,15 +171,34 @@ class ServerProcess(ChildProcess):
         self.proc: subprocess.Popen[bytes] | None = None
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir / f"server-{self.port}.log"
+        self.started = False
 
-    def start(self, timeout: float = 30.0, wait: bool = True) -> ServerProcess:
-        """Start the process; with ``wait``, return once it answers ``/readyz``."""
-        self.proc = self._spawn(
-            "serve", "--port", str(self.port), *(["--no-worker"] if self.no_worker else [])
-        )
-        if wait:
-            self.wait_until(lambda: answers(f"{self.base_url}/readyz", OPS), "server", timeout)
+    def start(self, timeout: float = START_TIMEOUT_S, wait: bool = True) -> ServerProcess:
+        """Start the process; with ``wait``, return once it answers ``/readyz``. A first
+        start whose port was taken since :func:`free_port` chose it moves to another
+        (a restart keeps its port: the test's clients know it)."""
+        for attempt in range(3):
+            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+            self.proc = self._spawn(
+                "serve", "--port", str(self.port), *(["--no-worker"] if self.no_worker else [])
+            )
+            if not wait:
+                break
+            try:
+                self.wait_until(lambda: answers(f"{self.base_url}/readyz", OPS), "server", timeout)
+            except RuntimeError:
+                if self.started or attempt == 2 or not self.logged_since(offset, port_taken):
+                    raise
+                self._move_to(free_port())
+                continue
+            break
+        self.started = True
         return self
+
+    def _move_to(self, port: int) -> None:
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.log_path = self.data_dir / f"server-{port}.log"
 
     def client(self, headers: dict[str, str] = OPS) -> httpx.Client:
         """A client that calls as ``headers`` say: the runs' own user (OPS) by default."""
@@ -221,7 +252,7 @@ class WorkerProcess(ChildProcess):
         self.starts = 0
         self._offset = 0
 
-    def start(self, timeout: float = 30.0, wait: bool = True) -> WorkerProcess:
+    def start(self, timeout: float = START_TIMEOUT_S, wait: bool = True) -> WorkerProcess:
         """Start the process; with ``wait``, return once it logged that it is claiming runs."""
         self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.proc = self._spawn("worker", "--concurrency", str(self.concurrency), *self.args)
@@ -230,7 +261,7 @@ class WorkerProcess(ChildProcess):
             self.wait_started(timeout=timeout)
         return self
 
-    def wait_started(self, offset: int | None = None, timeout: float = 30.0) -> None:
+    def wait_started(self, offset: int | None = None, timeout: float = START_TIMEOUT_S) -> None:
         """Wait for the start line logged after ``offset`` (default: since the last start)."""
         offset = self._offset if offset is None else offset
         self.wait_until(lambda: self.logged_since(offset, worker_started), "worker", timeout)
