@@ -34,8 +34,9 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.messages import ToolCall as LCToolCall
 from pydantic import ValidationError
 
+from runtime.events import handoff_tool
 from runtime.model import Decision, DecisionUsage, Handoff, ProposedCall
-from runtime.planner import LLM_CALLS, Observation, PlannerView, handoff_tool
+from runtime.planner import LLM_CALLS, Observation, PlannerView
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an enterprise analyst agent. Answer the user's question with the tools "

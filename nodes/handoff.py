@@ -23,9 +23,8 @@ from nodes.finish import artifacts_of, record_refusal, refusal, terminal_problem
 from runtime import ids
 from runtime.context import Context, services
 from runtime.errors import Code, Recovery
-from runtime.events import EventType, summarize
+from runtime.events import EventType, handoff_tool, summarize
 from runtime.model import Decision
-from runtime.planner import handoff_tool
 from runtime.state import RunState
 
 NodeFn = Any

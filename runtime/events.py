@@ -25,7 +25,48 @@ class EventType(StrEnum):
     ERROR = "error"
 
 
+LEGACY_HANDOFF = "handoff"
+"""The type the first versions gave a handoff's start and return, before DESIGN §4's
+seven (9b42d48); no migration rewrote their rows: :func:`legacy_handoff` reads them."""
+
 SUMMARY_CHARS = 300
+
+
+def handoff_tool(agent_id: str) -> str:
+    """The ``tool`` of the observation that brings a sub-agent's result back to its caller."""
+    return f"handoff_to_{agent_id}"
+
+
+def legacy_handoff(data: Any) -> tuple[EventType, dict[str, Any]] | None:
+    """A stored ``handoff`` event's data as the ``action`` (its start) or ``result`` (its
+    return) that a handoff is now, so an old run's trace reads as a new one's; None
+    where it is not one the first versions wrote (it stays unreadable). The ``handoff``
+    object keeps the stored fields, and says the row was stored as a handoff."""
+    if not isinstance(data, dict) or data.get("phase") not in ("start", "return"):
+        return None
+    detail = {k: v for k, v in data.items() if k not in ("handoff_id", "summary")}
+    detail["stored_as"] = LEGACY_HANDOFF
+    hid = data.get("handoff_id")
+    if data["phase"] == "start":
+        return EventType.ACTION, {
+            "tool_call_id": hid,
+            "tool": handoff_tool(str(data.get("to_agent"))),
+            "version": None,
+            "args": summarize({"task": data.get("task")}),
+            "handoff": detail,
+        }
+    artifacts = data.get("artifacts")
+    one = artifacts[0] if isinstance(artifacts, list) and len(artifacts) == 1 else None
+    return EventType.RESULT, {
+        "tool_call_id": hid,
+        "tool": handoff_tool(str(data.get("from_agent"))),
+        # The first versions wrote a return only for a sub-agent's accepted finish.
+        "status": "succeeded",
+        "artifact_id": one,
+        "error": None,
+        "output": data.get("summary"),
+        "handoff": detail,
+    }
 
 
 def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:

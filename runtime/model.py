@@ -15,7 +15,7 @@ from pydantic import (
 )
 
 from runtime.errors import Code
-from runtime.events import EventType
+from runtime.events import LEGACY_HANDOFF, EventType, legacy_handoff
 from runtime.lifecycle import State
 from runtime.storable import reject_unstorable
 
@@ -358,6 +358,15 @@ class Event(Stored):
     (and must not reach an SSE ``event:`` line as it is)."""
     ts: datetime
     data: dict[str, Any]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_legacy_handoff(cls, row: Any) -> Any:
+        if isinstance(row, dict) and row.get("type") == LEGACY_HANDOFF:
+            mapped = legacy_handoff(row.get("data"))
+            if mapped is not None:
+                return {**row, "type": mapped[0], "data": mapped[1]}
+        return row
 
 
 class UnreadableEvent(Unreadable):

@@ -27,11 +27,6 @@ class Observation(BaseModel):
     error: str | None = None
 
 
-def handoff_tool(agent_id: str) -> str:
-    """The ``tool`` of the observation that brings a sub-agent's result back to its caller."""
-    return f"handoff_to_{agent_id}"
-
-
 class PlannerView(BaseModel):
     """What a planner sees. After a handoff, the sub-agent's planner sees its task as
     ``input``, the handoff's data as ``task_data`` and only its own observations."""

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from graphs.run_graph import build_run_graph
 from runtime.agent import AgentSpec, SubAgent
+from runtime.events import handoff_tool
 from runtime.model import Decision, Handoff, ProposedCall
-from runtime.planner import Observation, PlannerView, handoff_tool
+from runtime.planner import Observation, PlannerView
 from runtime.policy import DefaultPolicy
 from runtime.tooling import ToolContext, ToolSpec, ToolUnavailable
 from server.settings import Settings

@@ -15,8 +15,9 @@ from nodes.handoff import MAX_DEPTH, dispatch, make_handback_node, make_handoff_
 from runtime import ids
 from runtime.agent import SubAgent
 from runtime.context import Context
+from runtime.events import handoff_tool
 from runtime.model import Approval, Decision, Handoff, Usage
-from runtime.planner import PlannerView, handoff_tool
+from runtime.planner import PlannerView
 from runtime.policy import DefaultPolicy
 from tests.agents import ScriptPlanner, call, finish
 from tests.unit.node_env import NodeEnv

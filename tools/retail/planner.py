@@ -15,8 +15,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from runtime.errors import Code
+from runtime.events import handoff_tool
 from runtime.model import Decision, DecisionUsage, Handoff, ProposedCall
-from runtime.planner import Observation, PlannerView, handoff_tool
+from runtime.planner import Observation, PlannerView
 from tools.retail.data import LAST_WEEK_START, REGION_IDS
 from tools.retail.report import Findings, has_cjk, pct, region_label
 from tools.retail.tools import MAX_ADDRESS
