@@ -44,13 +44,16 @@ def legacy_handoff(data: Any) -> tuple[EventType, dict[str, Any]] | None:
     object keeps the stored fields, and says the row was stored as a handoff."""
     if not isinstance(data, dict) or data.get("phase") not in ("start", "return"):
         return None
+    hid, start = data.get("handoff_id"), data["phase"] == "start"
+    callee = data.get("to_agent" if start else "from_agent")  # the sub-agent
+    if not (isinstance(hid, str) and isinstance(callee, str)):
+        return None
     detail = {k: v for k, v in data.items() if k not in ("handoff_id", "summary")}
     detail["stored_as"] = LEGACY_HANDOFF
-    hid = data.get("handoff_id")
-    if data["phase"] == "start":
+    if start:
         return EventType.ACTION, {
             "tool_call_id": hid,
-            "tool": handoff_tool(str(data.get("to_agent"))),
+            "tool": handoff_tool(callee),
             "version": None,
             "args": summarize({"task": data.get("task")}),
             "handoff": detail,
@@ -59,7 +62,7 @@ def legacy_handoff(data: Any) -> tuple[EventType, dict[str, Any]] | None:
     one = artifacts[0] if isinstance(artifacts, list) and len(artifacts) == 1 else None
     return EventType.RESULT, {
         "tool_call_id": hid,
-        "tool": handoff_tool(str(data.get("from_agent"))),
+        "tool": handoff_tool(callee),
         # The first versions wrote a return only for a sub-agent's accepted finish.
         "status": "succeeded",
         "artifact_id": one,

@@ -10,6 +10,8 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
 from tests.api.conftest import Api
 from tests.api.helpers import corrupt
 from tests.api.test_handoff import handoff_events
@@ -76,8 +78,16 @@ async def test_a_first_versions_handoff_reads_as_an_action_and_a_result(api: Api
     assert [e for e in traced if e["seq"] in (start["seq"], back["seq"])] == [old_start, old_back]
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"phase": "sideways", "handoff_id": "ho-1", "to_agent": "a"},
+        {"phase": "start", "handoff_id": "ho-1"},  # to whom, not said
+        {"phase": "return", "handoff_id": 7, "from_agent": "a"},
+    ],
+)
 async def test_a_handoff_event_the_first_versions_did_not_write_stays_unreadable(
-    api: Api,
+    api: Api, data: dict[str, Any]
 ) -> None:
     run = await api.create(agent_id="delegator", input="slow_worker sleep 0.01")
     assert (await api.settle(run["run_id"]))["state"] == "succeeded"
@@ -85,7 +95,7 @@ async def test_a_handoff_event_the_first_versions_did_not_write_stays_unreadable
     await corrupt(
         api,
         "events",
-        "type = 'handoff', data = '{\"phase\": \"sideways\"}'",
+        f"type = 'handoff', data = '{json.dumps(data)}'",
         "run_id = ? AND seq = ?",
         run["run_id"],
         start["seq"],
