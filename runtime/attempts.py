@@ -44,9 +44,14 @@ class Retrying(Protocol):
 
 
 async def run_handler(
-    spec: ToolSpec, args: BaseModel, tctx: ToolContext, retrying: Retrying
+    spec: ToolSpec, args: BaseModel, tctx: ToolContext, retrying: Retrying, spent: int = 0
 ) -> HandlerRun:
     """Run the handler, retrying transient faults (each on record through ``retrying``).
+
+    ``spent``: attempts earlier drives made of this call. They count against the tool's
+    ``max_attempts``, or every takeover would give a service that is down a whole new
+    round of calls; one attempt is left whatever they were (the last was cut off, its
+    outcome unknown).
 
     An error's message is the handler's own text, which may quote its arguments: the
     values of secret args are scrubbed from it before it reaches the ledger, events,
@@ -56,7 +61,7 @@ async def run_handler(
     # come after the effect. The caller reconciles or marks the outcome unknown.
     max_attempts = 1 if spec.side_effect and not spec.idempotent else spec.max_attempts
     secrets = secret_values(spec, args)
-    attempt = 0
+    attempt = max(0, min(spent, max_attempts - 1))
     while True:
         attempt += 1
         try:

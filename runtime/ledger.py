@@ -322,7 +322,9 @@ async def _execute(
         if trial:
             breaker.trial_in_flight = False
         return await _await_other_driver(store, current, spec)
-    return await _run_claimed(store, spec, claimed, args, tctx, breaker, recording)
+    # Attempts since the human's ruling, if any, count against the tool's bound.
+    spent = current.attempts - answered
+    return await _run_claimed(store, spec, claimed, args, tctx, breaker, recording, spent)
 
 
 async def _run_claimed(
@@ -333,15 +335,17 @@ async def _run_claimed(
     tctx: ToolContext,
     breaker: Breaker,
     recording: Recording,
+    spent: int = 0,
 ) -> ToolCall:
-    """Run the handler of a call whose attempt this driver has counted, and record it."""
+    """Run the handler of a call whose attempt this driver has counted, and record it;
+    ``spent``: attempts earlier drives made (see :func:`run_handler`)."""
     # On cancellation (user cancel, timeout, shutdown) the row stays `running` with its
     # attempt counted: a restart applies the rules above; a run that ends instead
     # closes it with interrupt_running_calls.
     retrying = _Attempts(store, current)
     try:
         failpoints.hit("tool.before", spec.name)
-        ran = await run_handler(spec, args, tctx, retrying)
+        ran = await run_handler(spec, args, tctx, retrying, spent)
     except BaseException:
         breaker.trial_in_flight = False  # cancelled: says nothing about the tool
         raise

@@ -383,11 +383,12 @@ async def test_a_call_rerun_after_a_crash_between_retries_numbers_every_attempt(
     ]
 
 
-async def test_a_call_cut_off_in_its_backoff_keeps_the_failure_on_record(
-    h: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def cut_off_in_first_backoff(
+    h: Harness, spec: ToolSpec, monkeypatch: pytest.MonkeyPatch
+) -> ToolCall:
+    """Run ``spec`` (failing at first) until its first failure is on record, cancel the
+    drive in the backoff after it, and return the row; later backoffs take no time."""
     monkeypatch.setattr(attempts, "BACKOFF_BASE_S", 60.0)  # cut off in the backoff, surely
-    spec = flaky_spec(h, [ToolUnavailable("503 first")], max_attempts=3, idempotent=True)
     drive = asyncio.ensure_future(h.execute(spec))
     tc_id = h.row(spec).tool_call_id
     for _ in range(3000):  # a bound on a hang, not a speed
@@ -398,15 +399,57 @@ async def test_a_call_cut_off_in_its_backoff_keeps_the_failure_on_record(
     drive.cancel()
     with pytest.raises(asyncio.CancelledError):
         await drive
+    monkeypatch.setattr(attempts, "BACKOFF_BASE_S", 0.0)
+    row = await h.store.get_tool_call(tc_id)
+    assert row is not None
+    return row
+
+
+async def test_a_call_cut_off_in_its_backoff_keeps_the_failure_on_record(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = flaky_spec(h, [ToolUnavailable("503 first")], max_attempts=3, idempotent=True)
+    row = await cut_off_in_first_backoff(h, spec, monkeypatch)
 
     # The failure was written before the backoff; the next attempt, never started, not.
-    row = await h.store.get_tool_call(tc_id)
-    assert row is not None and row.status == "running" and row.attempts == 1
+    assert row.status == "running" and row.attempts == 1
     assert row.retried == [{"attempt": 1, "code": "TOOL_UNAVAILABLE", "message": "503 first"}]
-    monkeypatch.setattr(attempts, "BACKOFF_BASE_S", 0.0)
     done = await h.execute(spec)  # the next drive runs it again, after a crash
     assert done.status == "succeeded" and done.attempts == 2 and len(h.ran) == 2
     assert (await result_of(h))["retried"] == row.retried  # not "stopped": its failure is known
+
+
+async def test_attempts_an_earlier_drive_made_count_against_the_tools_bound(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A takeover does not give a service that is down a new round of calls (a probe
+    counted 9 calls of a tool allowed 6, after one crash in a backoff)."""
+    faults: list[Exception] = [ToolUnavailable(f"down {i}") for i in range(1, 10)]
+    spec = flaky_spec(h, faults, max_attempts=3, idempotent=True)
+    await cut_off_in_first_backoff(h, spec, monkeypatch)
+
+    done = await h.execute(spec)
+
+    assert len(h.ran) == 3 and done.attempts == 3
+    assert done.status == "failed" and done.error == {
+        "code": "TOOL_UNAVAILABLE",
+        "message": "down 3",
+    }
+
+
+async def test_a_call_whose_earlier_drives_used_every_attempt_is_tried_once_more(
+    h: Harness,
+) -> None:
+    """The last attempt was cut off: its outcome is unknown, so it is not a failure."""
+    faults: list[Exception] = [ToolUnavailable("down")]
+    spec = flaky_spec(h, faults, max_attempts=2, idempotent=True)
+    row = await h.leave_running(spec)
+    await h.store.update_tool_call(row.tool_call_id, attempts=3)  # three drives died in it
+
+    done = await h.execute(spec)
+
+    assert len(h.ran) == 1 and done.attempts == 4
+    assert done.status == "failed" and done.error == {"code": "TOOL_UNAVAILABLE", "message": "down"}
 
 
 async def test_a_run_failing_with_a_call_cut_off_between_retries_keeps_them(h: Harness) -> None:
