@@ -34,8 +34,8 @@ embedded default's local keys in ``$AGENT_RUNTIME_DATA_DIR/local-keys.json``):
 reconnecting with Last-Event-ID if the connection drops, and stops when the run
 ends or parks in waiting_human (printing how to approve). ``--json`` prints the
 API's JSON instead; with ``--follow``, one JSON event per line. Without --follow,
-``approve``/``reject`` wait (up to --wait, default 10 s) for the run to act on the
-decision, then report its state. ``--url`` and ``--json`` may also precede the command.
+``approve``/``reject`` wait (up to --wait, default 10 s) for the run to end or park
+for another approval, then report its state. ``--url`` and ``--json`` may also precede the command.
 
 Exit codes (the run's state when the command ends):
 
@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
             type=_seconds,
             default=10.0,
             metavar="SECONDS",
-            help="without --follow, wait this long for the run to act on the decision "
+            help="without --follow, wait this long for the run to end or park again "
             "before reporting its state (default 10)",
         )
 

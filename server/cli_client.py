@@ -224,12 +224,15 @@ class Cli:
         )
 
     def settle(self, run_id: str, approval_id: str, wait_s: float) -> JSON:
-        """The run once it has acted on the decision (or after ``wait_s``)."""
+        """The run once it has carried the decision to its end or to another approval
+        (or after ``wait_s``): an approval goes on to the run's outcome, and a report of
+        "executing" a moment before it would send a script to poll for it."""
         deadline = time.monotonic() + wait_s
         while True:
             run = self.client.get_run(run_id)
             pending = (run.get("pending_approval") or {}).get("approval_id")
-            if run["state"] != WAITING_HUMAN or pending != approval_id:
+            parked_again = run["state"] == WAITING_HUMAN and pending != approval_id
+            if run["state"] in TERMINAL or parked_again:
                 return run
             if time.monotonic() >= deadline:
                 return run

@@ -133,6 +133,19 @@ def test_follow_park_approve_and_audit(server: ServerProcess) -> None:
     assert [r["run_id"] for r in json.loads(listed.stdout)["items"]] == [run_id]
 
 
+def test_approve_without_follow_reports_the_runs_outcome(server: ServerProcess) -> None:
+    """Not "executing", exit 4, a moment before the run succeeds (a probe: 3 of 3 times)."""
+    start(server)
+    run_id, approval_id = approval_hint(cli(server, "run", *DEMO, "--follow").stdout)
+
+    approved = cli(server, "--json", "approve", run_id, approval_id, "--by", "approver")
+
+    assert approved.returncode == 0, approved.stdout + approved.stderr
+    assert json.loads(approved.stdout)["status"] == "approved"
+    shown = cli(server, "show", run_id)
+    assert "state:    succeeded" in shown.stdout
+
+
 def test_json_follow_reject_cancel_and_errors(server: ServerProcess) -> None:
     start(server)
     followed = cli(server, "run", *DEMO, "--json", "--follow")
