@@ -58,8 +58,10 @@ def resolve_token(args: argparse.Namespace) -> str | None:
 def as_json(value: Any, **kwargs: Any) -> str:
     """JSON for ``--json``: as is on a UTF-8 stream; on any other, non-ASCII characters
     as ``\\u`` escapes (the same JSON), never replaced with "?"."""
+    from server.client_render import printable_json
+
     encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "")
-    return json.dumps(value, ensure_ascii=encoding != "utf8", **kwargs)
+    return printable_json(json.dumps(value, ensure_ascii=encoding != "utf8", **kwargs))
 
 
 def exit_code(state: str) -> int:
@@ -92,7 +94,7 @@ class Cli:
         )
 
     def dump(self, value: Any) -> None:
-        self.printer.line(as_json(value, indent=2))
+        self.printer.line(as_json(value, indent=2), escape=False)
 
     def follow(self, run_id: str, *, after: int = 0, anchor: str | None = None) -> JSON:
         """Show events until the run ends or parks; returns the run as it is then.
@@ -341,7 +343,7 @@ def _answered(cli: Cli, args: argparse.Namespace) -> int:
             return COMMANDS[args.command](cli)
     except ApiError as exc:
         if cli.json:
-            cli.printer.note(as_json(exc.problem))
+            cli.printer.note(as_json(exc.problem), escape=False)
         else:
             status = f" (HTTP {exc.status})" if exc.status else ""
             cli.printer.note(f"agent-runtime: error {exc.code}{status}: {exc.detail}")

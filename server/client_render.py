@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import threading
@@ -43,6 +44,33 @@ ASCII = {
 
 
 CALL_TAG_CHARS = 6
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""What a terminal acts on instead of showing: C0 and C1 controls (escape sequences,
+a carriage return or line break that would forge a line) and the bidi controls that
+reorder what is shown."""
+_IN_JSON = re.compile(r"[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""The same, less what ``json.dumps`` escapes already (C0)."""
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\u{ord(match[0]):04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters written as ``\\uXXXX``: what the CLI prints
+    comes from other users' runs (inputs, comments, tool output) and from the server,
+    and must not drive the reader's terminal."""
+    return _CONTROL.sub(_escaped, text)
+
+
+def printable_json(text: str) -> str:
+    """JSON text (``json.dumps``) with the control characters it leaves as they are
+    (C1, DEL, bidi: it escapes only C0 unless told ``ensure_ascii``) as ``\\u``
+    escapes: the same JSON, safe on a terminal."""
+    return _IN_JSON.sub(_escaped, text)
+
+
 """Hex digits of a tool_call_id shown on its events: distinct between a run's calls."""
 
 
@@ -391,7 +419,7 @@ class Printer:
         if self._text is None:
             return
         frame = self.frames[self._frame % len(self.frames)]
-        text = f"{frame} {self._text} ({time.monotonic() - self._since:.0f}s)"
+        text = f"{frame} {printable(self._text)} ({time.monotonic() - self._since:.0f}s)"
         self.out.write("\r" + text[: self.width - 1] + "\x1b[K")
         self.out.flush()
         self._shown = True
@@ -402,11 +430,14 @@ class Printer:
                 self._frame += 1
                 self._draw()
 
-    def line(self, text: str = "") -> None:
+    def line(self, text: str = "", *, escape: bool = True) -> None:
+        """One line (control characters escaped: see :func:`printable`); ``escape``
+        False for JSON text that :func:`printable_json` has made safe, whose indent
+        spans lines."""
         with self._lock:
             self._clear()
             self._text = None
-            self.out.write(text + "\n")
+            self.out.write((printable(text) if escape else text) + "\n")
             self.out.flush()
 
     def lines(self, texts: Sequence[str]) -> None:
@@ -424,12 +455,12 @@ class Printer:
             self._thread = threading.Thread(target=self._spin, name="spinner", daemon=True)
             self._thread.start()
 
-    def note(self, text: str) -> None:
+    def note(self, text: str, *, escape: bool = True) -> None:
         """A message for the human, on stderr (never mixed into --json output)."""
         with self._lock:
             self._clear()
             self.out.flush()
-            self.err.write(text + "\n")
+            self.err.write((printable(text) if escape else text) + "\n")
             self.err.flush()
 
     def done(self) -> None:

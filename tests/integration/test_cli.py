@@ -146,6 +146,35 @@ def test_approve_without_follow_reports_the_runs_outcome(server: ServerProcess) 
     assert "state:    succeeded" in shown.stdout
 
 
+TERMINAL_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]")
+"""What the CLI must never print of a run's data: what a terminal acts on."""
+
+
+def test_control_characters_in_a_runs_data_are_shown_escaped_not_sent_to_the_terminal(
+    server: ServerProcess,
+) -> None:
+    """Anyone in a tenant may read its runs: an input or a comment with escape sequences
+    must not clear, retitle or recolour another user's terminal, nor forge a line."""
+    start(server)
+    hostile = "\x1b[2J\x1b]0;pwned\x07\u202e\x9b31m\rFAKE"
+    parked = cli(server, "run", QUESTION + hostile, "--scope", "sales_region:east", "--follow")
+    run_id, approval_id = approval_hint(parked.stdout)
+    comment = "line1\nstate:    succeeded\x1b[31m"
+    rejected = cli(server, "reject", run_id, approval_id, "--comment", comment)
+    shown = cli(server, "show", run_id)
+    listed = cli(server, "runs")
+    followed = cli(server, "follow", run_id)
+    as_json = cli(server, "show", run_id, "--json")
+
+    for done in (parked, rejected, shown, listed, followed, as_json):
+        assert not TERMINAL_CONTROL.search(done.stdout + done.stderr), done
+    assert rejected.returncode == 1 and len(rejected.stdout.splitlines()) >= 2
+    assert "\\u001b[2J" in shown.stdout and "\\u001b[31m" in followed.stdout
+    [state] = [line for line in shown.stdout.splitlines() if line.startswith("state:")]
+    assert state.startswith("state:    failed ")  # the comment's "state:" is not a line
+    assert json.loads(as_json.stdout)["input"] == QUESTION + hostile  # the same JSON
+
+
 def test_json_follow_reject_cancel_and_errors(server: ServerProcess) -> None:
     start(server)
     followed = cli(server, "run", *DEMO, "--json", "--follow")
