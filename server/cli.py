@@ -413,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command in ("serve", "worker"):
             return _server_command(args)
+        if sys.stdout is None:  # started with it closed (`>&-`)
+            # What the command prints would go nowhere: a new key's token with it.
+            if sys.stderr is not None:
+                print(f"agent-runtime {args.command}: stdout is closed", file=sys.stderr)
+            return 2
         if args.command in ("keys", "prune"):
             from server import cli_admin
 

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from server.client import TERMINAL, WAITING_HUMAN
 
@@ -321,15 +321,29 @@ def client_command(args: argparse.Namespace) -> int:
     except EmptyToken as exc:
         print(f"agent-runtime: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    from server.client_render import OutputFailed
+
     try:
         return _answered(cli, args)
     except BrokenPipeError:
         # The reader of the output, or of the errors (e.g. `| head`), went away, maybe as
         # an error was being said: nothing more to say, and nothing at exit either.
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        _silenced(sys.stdout, sys.stderr)
         return EXIT_PIPE_CLOSED
+    except OutputFailed as exc:
+        # A full disk, say: not the run's failure (exit 1 would say it failed). What
+        # could not be written must not fail again at exit, as a traceback.
+        _silenced(sys.stdout)
+        with contextlib.suppress(OSError):
+            print(f"agent-runtime: the output could not be written: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _silenced(*streams: TextIO) -> None:
+    """``streams`` pointed at /dev/null, their buffers with them."""
+    for stream in streams:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
 def _answered(cli: Cli, args: argparse.Namespace) -> int:

@@ -390,6 +390,21 @@ class Renderer:
         return lines
 
 
+class OutputFailed(Exception):
+    """The output could not be written (a full disk, a file closed under us): the
+    command's failure, not the run's (a closed pipe is :class:`BrokenPipeError`)."""
+
+
+def _write(stream: TextIO, text: str) -> None:
+    try:
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputFailed(str(exc)) from exc
+
+
 class Printer:
     """Lines to stdout; on a TTY, a spinner status line kept at the bottom."""
 
@@ -437,8 +452,7 @@ class Printer:
         with self._lock:
             self._clear()
             self._text = None
-            self.out.write((printable(text) if escape else text) + "\n")
-            self.out.flush()
+            _write(self.out, (printable(text) if escape else text) + "\n")
 
     def lines(self, texts: Sequence[str]) -> None:
         for text in texts:
@@ -459,9 +473,8 @@ class Printer:
         """A message for the human, on stderr (never mixed into --json output)."""
         with self._lock:
             self._clear()
-            self.out.flush()
-            self.err.write((printable(text) if escape else text) + "\n")
-            self.err.flush()
+            _write(self.out, "")
+            _write(self.err, (printable(text) if escape else text) + "\n")
 
     def done(self) -> None:
         self._stop.set()
@@ -471,4 +484,4 @@ class Printer:
         with self._lock:
             self._text = None
             self._clear()
-            self.out.flush()
+            _write(self.out, "")

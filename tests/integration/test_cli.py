@@ -175,6 +175,38 @@ def test_control_characters_in_a_runs_data_are_shown_escaped_not_sent_to_the_ter
     assert json.loads(as_json.stdout)["input"] == QUESTION + hostile  # the same JSON
 
 
+def test_output_that_cannot_be_written_is_a_usage_error_in_one_line(
+    server: ServerProcess,
+) -> None:
+    """Not a traceback and exit 1 ("the run failed"), nor exit 0 with the output gone."""
+    start(server)
+    run_id = re.findall(r"^created (run-\S+)$", cli(server, "run", *DEMO).stdout, re.M)[0]
+    for args in (("runs",), ("trace", run_id, "--json"), ("follow", run_id)):
+        with open("/dev/full", "w") as full:
+            done = subprocess.run(
+                [*CLI, *args],
+                cwd=ROOT,
+                env=cli_env(server),
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+            )
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr.startswith("agent-runtime: the output could not be written"), done
+        assert "Traceback" not in done.stderr
+    closed = subprocess.run(
+        [*CLI, "runs"],
+        cwd=ROOT,
+        env=cli_env(server),
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert closed.returncode == 2 and "stdout is closed" in closed.stderr, closed
+
+
 def test_json_follow_reject_cancel_and_errors(server: ServerProcess) -> None:
     start(server)
     followed = cli(server, "run", *DEMO, "--json", "--follow")
