@@ -30,7 +30,7 @@ from runtime.cancelling import CallSetting, CutOff, finish_cancel
 from runtime.checkpointer import LEASE
 from runtime.commands import Drive
 from runtime.dberrors import TRANSIENT_DB_ERRORS
-from runtime.errors import CODES, Code, RuntimeProblem
+from runtime.errors import CODES, Code, Recovery, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.events import EventType
 from runtime.graph_drive import GraphDriving, Progress, active_at_start
@@ -255,6 +255,9 @@ class Engine(GraphDriving):
                 await self._record_kept(store, found.run)
             if found is None or found.run.state in TERMINAL:
                 pass
+            elif found.run.agent_id not in self.agents:
+                how = "no_agent"
+                retry_in, failures = await self._hand_on(store, found), found.failures
             elif found.takeovers > self.retry.max_takeovers:
                 # A suspect that killed the worker it had to itself (claim_suspect).
                 how = "crash_loop"
@@ -364,9 +367,38 @@ class Engine(GraphDriving):
         finally:  # a cancel notice landing here must not keep the lease from its release
             await asyncio.shield(
                 self.releases.release(
-                    run_id, version, release, retry_in, failures, backoff_cancel=carries_cancel
+                    run_id,
+                    version,
+                    release,
+                    retry_in,
+                    failures,
+                    # A cancel waits for a process with the run's agent as the run does.
+                    backoff_cancel=carries_cancel or how == "no_agent",
                 )
             )
+
+    async def _hand_on(self, store: RunStore, found: DriveStart) -> float:
+        """A run of an agent this process does not have (a fleet mid-deploy, a server
+        restarted without it): handed back for a process that has it, in a lease's
+        time, rather than failed by a lookup that cannot succeed here. Said once in the
+        run's log; its count of failed drives stands (nothing failed)."""
+        run = found.run
+        log.warning(
+            "run %s is of agent %s, which this process does not have: handed back",
+            run.run_id,
+            run.agent_id,
+        )
+        message = (
+            f"no process that drove it had agent {run.agent_id}: the run waits for one "
+            "that has it (an agent is given to serve and worker alike)"
+        )
+        await store.append_event(
+            run.run_id,
+            EventType.ERROR,
+            {"code": Code.AGENT_NOT_FOUND.value, "message": message, "recovery": Recovery.RETRY},
+            dedupe_key=f"agent-missing:{run.run_id}",
+        )
+        return self.lease_s
 
     async def _until_lease_lost(self, run_id: str, work: Coroutine[Any, Any, None]) -> None:
         """``work`` to its end, shielded from a second cancel of the drive (a shutdown),

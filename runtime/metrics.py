@@ -18,7 +18,8 @@ HELP: dict[str, tuple[str, str]] = {
         "counter",
         "Drives this process ended, by how: stopped (parked, or the run ended), "
         "cancelled, handed_back (shutdown), lease_lost, db_error (retried later), "
-        "crash_loop (taken over too often in a row: the run failed), failed.",
+        "crash_loop (taken over too often in a row: the run failed), failed, no_agent "
+        "(a run of an agent this process does not have, handed back).",
     ),
     "drives_in_flight": ("gauge", "Drives this process is running now."),
     "frozen_sessions_ended_total": (
@@ -43,6 +44,7 @@ DRIVE_ENDS = (
     "db_error",
     "crash_loop",
     "failed",
+    "no_agent",
 )
 
 
