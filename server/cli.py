@@ -251,7 +251,10 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
@@ -397,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument(
         "--state",
         choices=["pending", "planning", "executing", "waiting_human", "succeeded", "failed"],
+        action="append",
+        help="only runs in this state (repeat for several)",
     )
     runs.add_argument("--agent", metavar="A")
     runs.add_argument("--limit", type=_positive, default=20, metavar="N")

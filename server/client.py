@@ -202,7 +202,7 @@ class Client:
     def list_runs(
         self,
         *,
-        state: str | None = None,
+        state: list[str] | None = None,
         agent_id: str | None = None,
         limit: int = 50,
         cursor: str | None = None,

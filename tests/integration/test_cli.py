@@ -235,8 +235,13 @@ def test_json_follow_reject_cancel_and_errors(server: ServerProcess) -> None:
         refused = cli(server, "cancel", wrong)
         assert refused.returncode == 2 and "VALIDATION_ERROR" in refused.stderr, refused
     assert json.loads(cli(server, "show", run_id, "--json").stdout)["state"] == "waiting_human"
+    both = cli(server, "runs", "--json", "--state", "waiting_human", "--state", "failed")
+    both_states = {r["run_id"]: r["state"] for r in json.loads(both.stdout)["items"]}
+    assert both_states == {rejected_run: "failed", run_id: "waiting_human"}  # not the last alone
     nan = cli(server, "approve", run_id, "ap-x", "--wait", "nan")
     assert nan.returncode == 2 and "--wait" in nan.stderr
+    word = cli(server, "runs", "--limit", "abc")
+    assert word.returncode == 2 and "--limit: not a whole number: 'abc'" in word.stderr
     cancelled = cli(server, "cancel", run_id, "--reason", "not needed")
     assert cancelled.returncode == 1, cancelled.stderr
     assert "RUN_CANCELLED: not needed" in cancelled.stdout
