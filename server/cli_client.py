@@ -86,6 +86,8 @@ class Cli:
         self.url: str = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
         self.client: Client = Client(self.url, token=resolve_token(args))
         self.printer: Printer = Printer()
+        self.following: str | None = None
+        """The run whose events are being shown, if any."""
         command = "agent-runtime"
         if self.url.rstrip("/") != (os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/"):
             command += f" --url {self.url}"
@@ -103,6 +105,7 @@ class Cli:
         ``anchor`` (an approval id) neither are those before that approval's result,
         so ``approve --follow`` picks up where the decision lands.
         """
+        self.following = run_id
         state = ""
         shown = anchor is None
         last_request: str | None = None
@@ -371,7 +374,10 @@ def _answered(cli: Cli, args: argparse.Namespace) -> int:
         cli.printer.note(f"agent-runtime: an argument or the token cannot be sent: {exc}")
         return EXIT_ERROR
     except KeyboardInterrupt:
-        cli.printer.note("agent-runtime: interrupted")
+        followed = cli.following
+        # What stopped is the following: the run goes on, without us.
+        goes_on = f"; {followed} goes on: {cli.render.command} follow {followed}"
+        cli.printer.note("agent-runtime: interrupted" + (goes_on if followed else ""))
         return EXIT_INTERRUPTED
     finally:
         cli.printer.done()

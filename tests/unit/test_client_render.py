@@ -175,3 +175,35 @@ def test_two_calls_of_one_tool_in_a_step_pair_with_their_results() -> None:
     # The tag is the start of the id `trace` lists; it differs between a run's calls.
     every = {tool_call_id("run-1", step, i)[:9] for step in range(200) for i in range(4)}
     assert len(every) == 800
+
+
+class InterruptedStream:
+    """A stream of events that the user stops with Ctrl-C after the first."""
+
+    def events(self, run_id: str, after: int, on_reconnect: Any = None) -> Any:
+        yield {"seq": 1, "type": "state", "data": {"from": None, "to": "pending"}}
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> InterruptedStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_a_follow_interrupted_says_the_run_goes_on() -> None:
+    from server.cli_client import EXIT_INTERRUPTED, _answered
+
+    args = argparse.Namespace(
+        json=False, url="http://127.0.0.1:9", token="t", command="follow", run="run-1", after=0
+    )
+    cli = Cli(args)
+    err = io.StringIO()
+    cli.printer = Printer(out=io.StringIO(), err=err)
+    cli.client = InterruptedStream()  # type: ignore[assignment]
+
+    assert _answered(cli, args) == EXIT_INTERRUPTED
+    assert err.getvalue().strip() == (
+        "agent-runtime: interrupted; run-1 goes on: "
+        "agent-runtime --url http://127.0.0.1:9 follow run-1"
+    )
