@@ -260,6 +260,20 @@ def _positive(text: str) -> int:
     return value
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from runtime.store.schema import MIGRATIONS
+
+    try:
+        installed = version("agent-runtime")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        installed = "(not installed)"
+    # The schema's: what an operator checks before pointing it at a database (no
+    # rolling upgrade; a newer schema is refused).
+    return f"agent-runtime {installed}, schema {len(MIGRATIONS)}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
@@ -267,6 +281,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the agent runtime, or drive runs on a server as a client.",
         epilog=EXIT_CODES,
         formatter_class=fmt,
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=_version(),
+        help="the installed version, and the schema version its migrations reach",
     )
     # --url and --json may come before the command too; a command's own (SUPPRESS
     # default) only overrides them when given.

@@ -483,3 +483,14 @@ def test_a_key_made_is_on_the_trail_though_its_token_could_not_be_written(
 
     [(action, _)] = asyncio.run(trail())
     assert action == "key.create"
+
+
+def test_the_version_names_the_schema_it_migrates_to(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    from runtime.store.schema import MIGRATIONS
+
+    done = agent_runtime(tmp_path, "--version")
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"agent-runtime {version('agent-runtime')}, schema {len(MIGRATIONS)}\n"
