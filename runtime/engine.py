@@ -389,8 +389,8 @@ class Engine(GraphDriving):
             run.agent_id,
         )
         message = (
-            f"no process that drove it had agent {run.agent_id}: the run waits for one "
-            "that has it (an agent is given to serve and worker alike)"
+            f"{self.owner} does not have agent {run.agent_id}: the run waits for a process "
+            "that has it (give serve and every worker the same agents)"
         )
         await store.append_event(
             run.run_id,
