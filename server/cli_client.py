@@ -138,6 +138,7 @@ class Cli:
             if not self.json and not hidden:
                 self.printer.status(f"{state}, waiting for the next event")
         self.printer.done()
+        self.following = None  # seen to its end or its park
         return self.client.get_run(run_id)
 
     def _stops_at(self, run_id: str, state: str, last_request: str | None) -> bool:
@@ -262,7 +263,7 @@ class Cli:
         page: JSON = {}
         while len(items) < args.limit:
             page = self.client.list_runs(
-                state=args.state,
+                state=sorted(set(args.state)) if args.state else None,  # each state once
                 agent_id=args.agent,
                 limit=min(200, args.limit - len(items)),
                 cursor=cursor,

@@ -45,10 +45,10 @@ ASCII = {
 
 CALL_TAG_CHARS = 6
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """What a terminal acts on instead of showing: C0 and C1 controls (escape sequences,
-a carriage return or line break that would forge a line) and the bidi controls that
-reorder what is shown."""
+a carriage return or line break that would forge a line; not a tab) and the bidi
+controls that reorder what is shown."""
 _IN_JSON = re.compile(r"[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """The same, less what ``json.dumps`` escapes already (C0)."""
 
@@ -257,7 +257,11 @@ class Renderer:
         result: JSON = run.get("result") or {}
         lines = []
         if result.get("answer"):
-            lines.append(f"answer: {result['answer']}")
+            # A model's answer runs over lines: each its own, indented, so that none can
+            # pass for a line of ours ("state: …") at the left edge.
+            first, *rest = str(result["answer"]).splitlines() or [""]
+            lines.append(f"answer: {first}")
+            lines += [f"        {line}" for line in rest]
         for artifact in result.get("artifacts") or []:
             lines.append(f"artifact: {artifact}")
         return lines

@@ -207,3 +207,20 @@ def test_a_follow_interrupted_says_the_run_goes_on() -> None:
         "agent-runtime: interrupted; run-1 goes on: "
         "agent-runtime --url http://127.0.0.1:9 follow run-1"
     )
+
+
+def test_an_answer_over_several_lines_is_printed_on_several_indented() -> None:
+    """Not as escapes on one line; and no line of it at the left edge, where it could
+    pass for one of the summary's fields."""
+    out = io.StringIO()
+    printer = Printer(out=out, err=io.StringIO())
+    run = {"result": {"answer": "Sales fell.\n\nstate:    succeeded\n\t- north\x1b[2J"}}
+
+    printer.lines(RENDER.result_lines(run))
+
+    assert out.getvalue().splitlines() == [
+        "answer: Sales fell.",
+        "        ",
+        "        state:    succeeded",
+        "        \t- north\\u001b[2J",
+    ]
