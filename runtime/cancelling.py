@@ -26,11 +26,24 @@ from runtime.memory import Memory
 from runtime.model import Run, ToolCall, Usage
 from runtime.recording import WITHOUT_LEASE_S, with_retries
 from runtime.store.base import RunStore
-from runtime.tooling import ToolContext, ToolResolver
+from runtime.tooling import ToolContext, ToolResolver, ToolSpec
 
 log = logging.getLogger(__name__)
 
 CUT_OFF = "cancelled while running"
+
+
+class _NoTools:
+    """The tools of an agent this process does not have: none to ask."""
+
+    def resolve(self, name: str, version: str | None = None) -> ToolSpec | None:
+        return None
+
+    def specs(self) -> list[ToolSpec]:
+        return []
+
+
+NO_TOOLS: ToolResolver = _NoTools()
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from langgraph.store.base import BaseStore
 from runtime.agent import AgentSpec
 from runtime.backend import settle_checkpointer
 from runtime.budget import Maxima, effective_limits
-from runtime.cancelling import CallSetting, CutOff, finish_cancel
+from runtime.cancelling import NO_TOOLS, CallSetting, CutOff, finish_cancel
 from runtime.checkpointer import LEASE
 from runtime.commands import Drive
 from runtime.dberrors import TRANSIENT_DB_ERRORS
@@ -118,7 +118,11 @@ class Engine(GraphDriving):
             self.wake()
 
     def _setting_of(self, agent_id: str) -> CallSetting:
-        return CallSetting(self.agents[agent_id].tools, self.memory)
+        """The tools a run's calls had; none where this process lacks its agent (a cancel
+        ends such a run all the same: what needed a tool, a reconcile or compensation,
+        is left undone and said so, as for a tool that declares none)."""
+        spec = self.agents.get(agent_id)
+        return CallSetting(NO_TOOLS if spec is None else spec.tools, self.memory)
 
     # -- creating -------------------------------------------------------------
 
@@ -255,7 +259,7 @@ class Engine(GraphDriving):
                 await self._record_kept(store, found.run)
             if found is None or found.run.state in TERMINAL:
                 pass
-            elif found.run.agent_id not in self.agents:
+            elif found.run.agent_id not in self.agents and found.cancel is None:
                 how = "no_agent"
                 retry_in, failures = await self._hand_on(store, found), found.failures
             elif found.takeovers > self.retry.max_takeovers:
@@ -372,8 +376,7 @@ class Engine(GraphDriving):
                     release,
                     retry_in,
                     failures,
-                    # A cancel waits for a process with the run's agent as the run does.
-                    backoff_cancel=carries_cancel or how == "no_agent",
+                    backoff_cancel=carries_cancel,
                 )
             )
 
