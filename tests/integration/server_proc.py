@@ -44,13 +44,22 @@ def port_taken(line: str) -> bool:
     return "address already in use" in line.lower()
 
 
+_GIVEN: set[int] = set()
+"""Ports :func:`free_port` has handed out in this process: never one twice, or two
+children made before either starts could share one, and the first's readiness check
+be answered by the second."""
+
+
 def free_port() -> int:
-    """A port free now: another process may take it before the child binds it
-    (:meth:`ServerProcess.start` moves a first start to another)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A port free now, not handed out before: another process may take it before the
+    child binds it (:meth:`ServerProcess.start` moves a first start to another)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def wait_for_file(path: Path, timeout: float = START_TIMEOUT_S) -> None:
