@@ -371,12 +371,7 @@ class Engine(GraphDriving):
         finally:  # a cancel notice landing here must not keep the lease from its release
             await asyncio.shield(
                 self.releases.release(
-                    run_id,
-                    version,
-                    release,
-                    retry_in,
-                    failures,
-                    backoff_cancel=carries_cancel,
+                    run_id, version, release, retry_in, failures, backoff_cancel=carries_cancel
                 )
             )
 

@@ -44,6 +44,7 @@ ASCII = {
 
 
 CALL_TAG_CHARS = 6
+"""Hex digits of a tool_call_id shown on its events: distinct between a run's calls."""
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """What a terminal acts on instead of showing: C0 and C1 controls (escape sequences,
@@ -69,9 +70,6 @@ def printable_json(text: str) -> str:
     (C1, DEL, bidi: it escapes only C0 unless told ``ensure_ascii``) as ``\\u``
     escapes: the same JSON, safe on a terminal."""
     return _IN_JSON.sub(_escaped, text)
-
-
-"""Hex digits of a tool_call_id shown on its events: distinct between a run's calls."""
 
 
 def symbols_for(stream: TextIO) -> dict[str, str]:
