@@ -46,11 +46,12 @@ ASCII = {
 CALL_TAG_CHARS = 6
 """Hex digits of a tool_call_id shown on its events: distinct between a run's calls."""
 
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_BEYOND_C0 = r"\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_CONTROL = re.compile(rf"[\x00-\x08\x0a-\x1f{_BEYOND_C0}]")
 """What a terminal acts on instead of showing: C0 and C1 controls (escape sequences,
 a carriage return or line break that would forge a line; not a tab) and the bidi
 controls that reorder what is shown."""
-_IN_JSON = re.compile(r"[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_IN_JSON = re.compile(f"[{_BEYOND_C0}]")
 """The same, less what ``json.dumps`` escapes already (C0)."""
 
 
