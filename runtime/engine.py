@@ -134,6 +134,14 @@ class Engine(GraphDriving):
         ``max_active`` caps the runs of the request's tenant that are not yet parked or done.
         """
         run, fingerprint = self._new_run(request)
+        if run.agent_id not in self.agents:
+            # A retry of a create that a process with the agent answered (a fleet mid-
+            # deploy, a load balancer's other server) gets that run: only a new run
+            # needs its agent here.
+            made = await self.store.run_for_key(run, fingerprint)
+            if made is None:
+                raise RuntimeProblem(Code.AGENT_NOT_FOUND, f"no agent {run.agent_id!r}")
+            return made, False
         run, created = await self.store.create_run(run, fingerprint, max_active=max_active)
         if created:
             self.wake()
@@ -151,8 +159,6 @@ class Engine(GraphDriving):
         """The run a create makes of ``request``, and the request's fingerprint (what an
         idempotency key is bound to)."""
         agent_id = request.agent_id or self.default_agent
-        if agent_id not in self.agents:
-            raise RuntimeProblem(Code.AGENT_NOT_FOUND, f"no agent {agent_id!r}")
         request = request.model_copy(update={"agent_id": agent_id})
         now = utcnow()
         run = Run(

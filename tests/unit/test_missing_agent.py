@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from runtime.errors import RuntimeProblem
 from runtime.lifecycle import State
-from runtime.model import Run, RunCreate
+from runtime.model import Run, RunCreate, RunOptions
 from runtime.store.base import DriveStart, RunStore
 from server.host import open_host
 from server.settings import Settings
@@ -56,6 +57,34 @@ async def test_a_process_without_the_runs_agent_hands_it_on_to_one_with_it(
     async with open_host(with_agent) as host:
         final = await host.engine.wait_settled(run.run_id)
     assert final.state is State.SUCCEEDED, final.outcome
+
+
+async def test_a_retried_create_finds_its_run_where_the_agent_is_missing(
+    database_url: str, data_dir: Path
+) -> None:
+    """A fleet mid-deploy: a create answered by a server with the agent, its retry
+    (the answer was lost) landing on one without it. The retry gets the run, not a
+    422 that tells the client no run was made; only a new run needs the agent."""
+    with_agent = Settings(
+        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
+    )
+
+    def create(key: str) -> RunCreate:
+        options = RunOptions(idempotency_key=key)
+        return RunCreate(agent_id="slow_worker", input="sleep 0", options=options)
+
+    async with open_host(with_agent, run_worker=False) as host:
+        made, _ = await host.engine.create_run(create("retried"))
+
+    async with open_host(with_agent.model_copy(update={"extra_agents": []})) as host:
+        again, created = await host.engine.create_run(create("retried"))
+        with pytest.raises(RuntimeProblem) as new:
+            await host.engine.create_run(create("another"))
+        runs, _ = await host.store.list_runs()
+    assert [r.run_id for r in runs] == [made.run_id]  # the refusal made nothing
+
+    assert not created and again.run_id == made.run_id
+    assert new.value.code == "AGENT_NOT_FOUND"
 
 
 async def test_a_run_whose_agent_is_gone_can_still_be_cancelled(
