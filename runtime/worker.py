@@ -62,6 +62,7 @@ class Worker:
             await _cancelled(heartbeat)
 
     async def _claim_loop(self) -> None:
+        await self._tell_of_runs_left_to_others()
         engine = self.engine
         loop = asyncio.get_running_loop()
         backoff = self.sweep_s
@@ -89,12 +90,20 @@ class Worker:
                     # Busy workers would keep a suspect waiting for ever: after a lease
                     # of waiting, one of them takes no more runs until it is idle.
                     draining = await engine.store.drain_for_suspect(
-                        engine.owner, engine.retry.max_takeovers, engine.lease_s, engine.lease_s
+                        engine.owner,
+                        engine.retry.max_takeovers,
+                        engine.lease_s,
+                        engine.lease_s,
+                        agents=engine.agents.keys(),
                     )
                 if not (engine.isolating() or draining):
                     claimed = await self._claim(
                         engine.store.claim_runs(
-                            engine.owner, free, engine.lease_s, engine.retry.max_takeovers
+                            engine.owner,
+                            free,
+                            engine.lease_s,
+                            engine.retry.max_takeovers,
+                            agents=engine.agents.keys(),
                         )
                     )
                 backoff = self.sweep_s
@@ -118,10 +127,29 @@ class Worker:
             engine.full = engine.running() >= self.concurrency or engine.isolating() or draining
             await within(backoff, engine.work.wait())
 
+    async def _tell_of_runs_left_to_others(self) -> None:
+        """Say, once at the start, which waiting runs are of agents this process lacks:
+        its claims leave them for a process that has the agent, and where none has it
+        (a server restarted without an agent module), nothing else would tell why they
+        do not move."""
+        try:
+            waiting = await self.engine.store.waiting_agents()
+        except Exception:  # the database away at the start: the claims say so and retry
+            log.debug("cannot count the waiting runs by agent", exc_info=True)
+            return
+        for agent_id, n in sorted(waiting.items()):
+            if agent_id not in self.engine.agents:
+                log.warning(
+                    "%d run(s) of agent %s wait for a process that has it; this one "
+                    "does not (give serve and every worker the same agents)",
+                    n,
+                    agent_id,
+                )
+
     async def _suspect(self) -> list[tuple[str, int]]:
         engine = self.engine
         got = await engine.store.claim_suspect(
-            engine.owner, engine.lease_s, engine.retry.max_takeovers
+            engine.owner, engine.lease_s, engine.retry.max_takeovers, agents=engine.agents.keys()
         )
         return [] if got is None else [got]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from runtime.store.core import (
@@ -41,6 +41,23 @@ SUSPECT_ROWS = "needs_drive = 1 AND (lease_owner IS NOT NULL OR takeovers > 0)"
 """The only waiting runs that can be suspects (the predicate of their partial index)."""
 
 
+def of_agents(runs: str, agents: Collection[str] | None) -> str:
+    """`` AND `` the condition that a worker hosting ``agents`` (None: every agent) can
+    drive ``runs``: of one of them, or to be cancelled (any process carries a cancel out).
+
+    A worker without an agent (a fleet mid-deploy, workers given different agents)
+    otherwise leased its runs only to hand them back, each a lease later. The ids are
+    the process's own agents, from code, written as literals: the claim's parameters
+    are positional, and its conditions repeated."""
+    if agents is None:
+        return ""
+    if any("\x00" in agent for agent in agents):
+        raise ValueError("an agent id holds a NUL character")
+    listed = ", ".join("'" + agent.replace("'", "''") + "'" for agent in sorted(agents))
+    hosted = f"{runs}.agent_id IN ({listed}) OR " if listed else ""
+    return f" AND ({hosted}{runs}.cancel_requested IS NOT NULL)"
+
+
 def blame(runs: str) -> str:
     """The takeovers in a row a lease grant would leave ``runs`` with (a worker's own
     expired lease counted too: it may not be ours)."""
@@ -51,11 +68,17 @@ class LeaseQueries(StoreCore):
     """Mixed into RunStore; ``now_sql`` is the database's clock in epoch seconds."""
 
     async def claim_runs(
-        self, owner: str, limit: int, lease_s: float, max_takeovers: int | None = None
+        self,
+        owner: str,
+        limit: int,
+        lease_s: float,
+        max_takeovers: int | None = None,
+        *,
+        agents: Collection[str] | None = None,
     ) -> list[tuple[str, int]]:
         """Claim up to ``limit`` runs that need driving and have no live lease, and are
         no suspects: ``max_takeovers`` or more takeovers in a row (see
-        :meth:`claim_suspect`; None: suspects too).
+        :meth:`claim_suspect`; None: suspects too), of one of ``agents`` (None: any).
 
         Returns (run_id, lease_version) pairs; the version is the fencing token.
         Uses the database's clock, so workers' clocks need not agree.
@@ -74,7 +97,7 @@ class LeaseQueries(StoreCore):
             innocent = "" if max_takeovers is None else f" AND {blame(runs)} < {max_takeovers:d}"
             return (
                 f"{runs}.needs_drive = 1 AND ({runs}.lease_expires_at IS NULL "
-                f"OR {runs}.lease_expires_at < {now}){innocent}"
+                f"OR {runs}.lease_expires_at < {now}){innocent}{of_agents(runs, agents)}"
             )
 
         rows = await self.write_once(
@@ -187,19 +210,25 @@ class LeaseQueries(StoreCore):
         )
 
     async def claim_suspect(
-        self, owner: str, lease_s: float, max_takeovers: int
+        self,
+        owner: str,
+        lease_s: float,
+        max_takeovers: int,
+        *,
+        agents: Collection[str] | None = None,
     ) -> tuple[str, int] | None:
         """Claim the oldest waiting suspect: a run whose leases expired unreleased
         ``max_takeovers`` times in a row (this grant's included) with no step
         checkpointed in between. Every run a dead worker held is taken over, the one
         that killed it and those beside it alike: only a worker that drives nothing else
         may take a suspect, and it takes nothing else until the suspect has moved on,
-        so that a suspect that kills it again has done it alone."""
+        so that a suspect that kills it again has done it alone. Of one of ``agents``
+        (None: any)."""
         now = self.now_sql
         rows = await self.write_once(
             "WITH picked AS (SELECT run_id FROM runs "
             f"WHERE {SUSPECT_ROWS} AND (lease_expires_at IS NULL OR lease_expires_at < {now}) "
-            f"AND {blame('runs')} >= {int(max_takeovers)} "
+            f"AND {blame('runs')} >= {int(max_takeovers)}{of_agents('runs', agents)} "
             f"ORDER BY updated_at, run_id LIMIT 1{self.skip_locked}) "
             f"UPDATE runs SET {TAKE_OVER}, lease_owner = ?, "
             f"lease_expires_at = {now} + ?, lease_version = lease_version + 1 "
@@ -209,17 +238,24 @@ class LeaseQueries(StoreCore):
         return (rows[0]["run_id"], int(rows[0]["lease_version"])) if rows else None
 
     async def drain_for_suspect(
-        self, owner: str, max_takeovers: int, waited_s: float, lease_s: float
+        self,
+        owner: str,
+        max_takeovers: int,
+        waited_s: float,
+        lease_s: float,
+        *,
+        agents: Collection[str] | None = None,
     ) -> bool:
         """Whether this busy worker is to stop taking runs until it is idle, to make room
         for a suspect that has waited ``waited_s`` seconds or more for an idle worker
         (see :meth:`claim_suspect`). One worker a suspect, the first to ask: its turn
-        lasts ``lease_s`` and is renewed each time it asks again; the others go on."""
+        lasts ``lease_s`` and is renewed each time it asks again; the others go on. Only
+        for a suspect of one of ``agents`` (None: any), which this worker could take."""
         now = self.now_sql
         rows = await self.write_once(
             "WITH target AS (SELECT run_id FROM runs "
             f"WHERE {SUSPECT_ROWS} AND COALESCE(lease_expires_at, 0) < {now} - ? "
-            f"AND {blame('runs')} >= {int(max_takeovers)} "
+            f"AND {blame('runs')} >= {int(max_takeovers)}{of_agents('runs', agents)} "
             f"AND (drainer IS NULL OR drainer = ? OR drainer_until < {now}) "
             "ORDER BY CASE WHEN drainer = ? THEN 0 ELSE 1 END, updated_at, run_id "
             f"LIMIT 1{self.skip_locked}) "
@@ -360,6 +396,14 @@ class LeaseQueries(StoreCore):
         They expire, owners kept: the claim that follows says whose it was."""
         async with self.tx() as tx:
             await tx.execute("UPDATE runs SET lease_expires_at = 0 WHERE lease_owner IS NOT NULL")
+
+    async def waiting_agents(self) -> dict[str, int]:
+        """How many runs wait to be driven, by agent."""
+        async with self.read() as tx:
+            rows = await tx.fetchall(
+                "SELECT agent_id, COUNT(*) AS n FROM runs WHERE needs_drive = 1 GROUP BY agent_id"
+            )
+        return {row["agent_id"]: int(row["n"]) for row in rows}
 
     async def lease_of(self, run_id: str) -> dict[str, Any] | None:
         async with self.read() as tx:

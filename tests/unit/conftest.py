@@ -28,13 +28,14 @@ def build_run(
     scope: list[str] | None = None,
     input: str = "do something",
     tenant_id: str = "t1",
+    agent_id: str = "test-agent",
 ) -> Run:
     """A fresh run, as ``Engine.create_run`` builds it."""
     options = RunOptions(idempotency_key=idempotency_key)
     now = created_at or utcnow()
     return Run(
         run_id=new_run_id(),
-        agent_id="test-agent",
+        agent_id=agent_id,
         input=input,
         context=RunContext(user_id="u1", tenant_id=tenant_id, scope=scope or []),
         options=options,

@@ -537,6 +537,29 @@ async def test_claims_take_turns_between_tenants(
     assert after == burst[3].run_id
 
 
+async def test_claims_take_only_runs_of_the_workers_agents_or_cancels(
+    backend: object, make_run: MakeRun, ranking: str
+) -> None:
+    """A worker claims what it can drive: runs of its agents, and cancels (any process
+    carries those out), in both rankings; an id is a literal, quotes and all."""
+    store = store_of(backend)
+    start = utcnow() - timedelta(minutes=10)
+    others = [
+        await make_run(store, tenant_id=f"t{i}", created_at=start + timedelta(seconds=i))
+        for i in range(3)
+    ]
+    quoted = await make_run(store, agent_id="o'brien", created_at=start + timedelta(seconds=9))
+    doomed = await make_run(store, agent_id="gone", created_at=start + timedelta(seconds=8))
+    assert await store.request_cancel(doomed.run_id, "retired", False)
+
+    assert await store.claim_runs("w0", 9, 30.0, agents=()) == [(doomed.run_id, 1)]
+    assert await store.claim_runs("w1", 9, 30.0, agents={"o'brien"}) == [(quoted.run_id, 1)]
+    mine = await store.claim_runs("w2", 9, 30.0, agents={"test-agent", "x' OR 1=1 --"})
+    assert sorted(mine) == sorted((run.run_id, 1) for run in others)
+    with pytest.raises(ValueError):
+        await store.claim_runs("w3", 9, 30.0, agents={"bad\x00id"})
+
+
 async def test_claims_reach_past_a_tenants_first_runs(
     backend: object, make_run: MakeRun, ranking: str
 ) -> None:
@@ -877,6 +900,9 @@ async def test_a_suspect_is_claimed_only_as_one(
     assert await store.clear_takeovers(cleared.run_id, "w3", claimed[cleared.run_id])
 
     assert not await store.drain_for_suspect("w8", 3, 60.0, 30.0)  # not for a minute yet
+    # Not for workers without its agent: none of them could take it.
+    assert not await store.drain_for_suspect("w8", 3, 0.0, 30.0, agents={"other"})
+    assert await store.claim_suspect("w8", 30.0, 3, agents={"other"}) is None
     # One busy worker makes room for it, the first to ask, as long as it keeps asking.
     assert await store.drain_for_suspect("w8", 3, 0.0, 30.0)
     assert not await store.drain_for_suspect("w9", 3, 0.0, 30.0)
@@ -885,7 +911,7 @@ async def test_a_suspect_is_claimed_only_as_one(
     assert not await store.drain_for_suspect("w8", 3, 0.0, 30.0)
     assert await store.claim_runs("w4", 5, 30.0, max_takeovers=3) == [(cleared.run_id, 4)]
     assert await store.take_lease(suspect.run_id, "w4", 30.0, max_takeovers=3) is None
-    assert await store.claim_suspect("w4", 30.0, 3) == (suspect.run_id, 4)
+    assert await store.claim_suspect("w4", 30.0, 3, agents={"test-agent"}) == (suspect.run_id, 4)
     found = await store.get_run_to_drive(suspect.run_id)
     assert found is not None and (found.takeovers, found.taken_from) == (3, "w3")
     assert await store.claim_suspect("w5", 30.0, 3) is None  # held

@@ -188,8 +188,8 @@ async def test_a_worker_stopping_mid_claim_gives_the_leases_back(
         store = host.store
         claim_suspect = store.claim_suspect
 
-        async def slow_answer(*args: object) -> tuple[str, int] | None:
-            got = await claim_suspect(*args)  # type: ignore[arg-type]
+        async def slow_answer(*args: object, **kwargs: object) -> tuple[str, int] | None:
+            got = await claim_suspect(*args, **kwargs)  # type: ignore[arg-type]
             committed.set()
             await asyncio.sleep(0.3)  # the answer on its way back
             return got
@@ -224,10 +224,10 @@ async def test_a_claim_that_fails_unexpectedly_is_tried_again(
         claim_runs = host.store.claim_runs
         failures = iter([RuntimeError("a bug of the day")])
 
-        async def flaky(*args: object) -> list[tuple[str, int]]:
+        async def flaky(*args: object, **kwargs: object) -> list[tuple[str, int]]:
             for exc in failures:
                 raise exc
-            return await claim_runs(*args)  # type: ignore[arg-type]
+            return await claim_runs(*args, **kwargs)  # type: ignore[arg-type]
 
         monkeypatch.setattr(host.store, "claim_runs", flaky)
         worker = Worker(host.engine, concurrency=1, sweep_s=0.05)
