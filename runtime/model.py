@@ -89,6 +89,15 @@ class RunCreate(Strict):
     context: RunContext = Field(default_factory=RunContext)
     options: RunOptions = Field(default_factory=RunOptions)
 
+    @field_validator("input")
+    @classmethod
+    def _says_something(cls, text: str) -> str:
+        # A blank task would cost a planning round (an LLM call, with a real planner)
+        # to learn nothing; it is most often an empty variable in the caller's script.
+        if text.isspace():
+            raise ValueError("input must not be blank")
+        return text
+
     @field_validator("options")
     @classmethod
     def _budget_can_be_spent(cls, options: RunOptions) -> RunOptions:
