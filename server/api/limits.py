@@ -171,14 +171,15 @@ class RequestLimits:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        media_type = headers.get(b"content-type")
+        # Every one: FastAPI parses by the first, the dict above kept the last.
+        media_types = [value for name, value in scope["headers"] if name == b"content-type"]
         reads_it = self._reads_a_body(scope)
-        if body and reads_it and (media_type is None or not is_json(media_type)):
+        if body and reads_it and (len(media_types) != 1 or not is_json(media_types[0])):
             # Read as JSON it may be, but FastAPI would not parse it (its content types
             # are strict) and would answer that the object sent is not an object.
             response = problem_response(
                 Code.UNSUPPORTED_MEDIA_TYPE,
-                "the body must be sent as Content-Type: application/json",
+                "the body must be sent with one Content-Type: application/json",
                 instance=path,
             )
             response.headers["Accept-Post"] = "application/json"  # RFC 9110 §15.5.16

@@ -35,6 +35,7 @@ def assert_problem(resp: Any, status: int, code: str) -> dict[str, Any]:
     [
         {},
         {"input": ""},
+        {"input": " \n\t\u3000"},  # blank: nothing to plan (most often an empty variable)
         {"input": 123},
         {"input": "x" * 20_001},
         {"input": "q", "context": "not an object"},
@@ -129,6 +130,17 @@ async def test_a_body_a_route_may_go_without_is_still_415_if_not_json(api: Api) 
         f"/runs/{run_id}/cancel", content=sent, headers={"Content-Type": "text/plain"}
     )
     assert_problem(resp, 415, "UNSUPPORTED_MEDIA_TYPE")
+
+
+@pytest.mark.parametrize("first", ["text/plain", "application/json"])
+async def test_two_content_types_are_415(api: Api, first: str) -> None:
+    """FastAPI parses by the first, the body check read the last: text, then JSON, was
+    a 422 saying the object sent was not an object (a fuzzing helper found)."""
+    other = "application/json" if first == "text/plain" else "text/plain"
+    sent = [("Content-Type", first), ("Content-Type", other)]
+    resp = await api.client.post("/runs", content=json.dumps(GOOD).encode(), headers=sent)
+    assert_problem(resp, 415, "UNSUPPORTED_MEDIA_TYPE")
+    assert await run_count(api) == 0
 
 
 @pytest.mark.parametrize(
