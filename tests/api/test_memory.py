@@ -195,6 +195,22 @@ async def test_a_slash_after_memory_erases_nothing(api: Api) -> None:
     assert await mine.items() == {"size": {"value": "L"}}
 
 
+@pytest.mark.parametrize("query", ["sub=prefs", "user=ann", "user_id=" + OPS_USER + "&key=size"])
+async def test_an_erase_all_with_a_parameter_it_does_not_take_erases_nothing(
+    api: Api, query: str
+) -> None:
+    """Ignored, ``?sub=prefs`` (meant for one entry's route) erased everything the
+    user has (a fuzzing helper found)."""
+    assert api.engine.memory is not None
+    mine = Memory(api.engine.memory, OPS_TENANT, OPS_USER)
+    await mine.put("size", {"value": "L"})
+
+    detail = problem(await api.client.delete(f"/memory?{query}"), 422, "VALIDATION_ERROR")
+    assert "takes only ?user_id=" in detail["detail"]
+    assert await mine.items() == {"size": {"value": "L"}}
+    assert (await api.client.delete(f"/memory?user_id={OPS_USER}")).json() == {"forgotten": 1}
+
+
 async def test_every_key_listed_can_be_forgotten_on_its_own(api: Api) -> None:
     assert api.engine.memory is not None
     mine = Memory(api.engine.memory, OPS_TENANT, OPS_USER)

@@ -166,9 +166,18 @@ async def forget_one(
 
 @router.delete("/memory", responses=_REFUSALS)
 async def forget_all(
-    engine: EngineDep, principal: PrincipalDep, user_id: UserQuery = None
+    request: Request, engine: EngineDep, principal: PrincipalDep, user_id: UserQuery = None
 ) -> dict[str, int]:
     """Everything agents keep about the user, in every namespace: gone."""
+    # Any other query parameter refused, not ignored: ``?sub=…`` meant for one entry's
+    # route (or a filter this one does not have) erased all of the user's memory.
+    unknown = sorted(set(request.query_params) - {"user_id"})
+    if unknown:
+        raise RuntimeProblem(
+            Code.VALIDATION_ERROR,
+            f"DELETE /memory erases all of the user's memory and takes only ?user_id=, "
+            f"not {', '.join(map(repr, unknown))} (one entry: DELETE /memory/{{key}}?sub=…)",
+        )
     memory = memory_of(engine, principal, user_id)
 
     async def erase() -> int:
