@@ -185,6 +185,18 @@ class RequestLimits:
             response.headers["Accept-Post"] = "application/json"  # RFC 9110 §15.5.16
             await response(scope, receive, send)
             return
+        codings = [v for n, v in scope["headers"] if n == b"content-encoding"]
+        if body and reads_it and any(v.strip().lower() not in (b"", b"identity") for v in codings):
+            # Not decoded anywhere: a compressed body was read as the JSON it is not, or
+            # worse, a body that only claims a coding was read as sent.
+            response = problem_response(
+                Code.UNSUPPORTED_MEDIA_TYPE,
+                "the body must be sent uncompressed (no Content-Encoding)",
+                instance=path,
+            )
+            response.headers["Accept-Encoding"] = "identity"  # RFC 9110 §12.5.3
+            await response(scope, receive, send)
+            return
         not_text = _not_utf8_text(body) if reads_it else None
         if not_text is not None:
             # Python's json reads UTF-16 and UTF-32 too, by their NUL bytes: not what

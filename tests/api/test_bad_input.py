@@ -143,6 +143,20 @@ async def test_two_content_types_are_415(api: Api, first: str) -> None:
     assert await run_count(api) == 0
 
 
+@pytest.mark.parametrize("coding", ["gzip", "br, identity", "Deflate"])
+async def test_a_body_with_a_content_coding_is_415(api: Api, coding: str) -> None:
+    """Nothing decodes it: a body that only claimed gzip was read as sent (a fuzzing
+    helper found), and a gzipped one as the JSON it is not."""
+    sent = {"Content-Type": "application/json", "Content-Encoding": coding}
+    resp = await api.client.post("/runs", content=json.dumps(GOOD).encode(), headers=sent)
+    assert_problem(resp, 415, "UNSUPPORTED_MEDIA_TYPE")
+    assert resp.headers["accept-encoding"] == "identity"
+    assert await run_count(api) == 0
+    sent["Content-Encoding"] = "identity"
+    created = await api.client.post("/runs", content=json.dumps(GOOD).encode(), headers=sent)
+    assert created.status_code == 201, created.text
+
+
 @pytest.mark.parametrize(
     "media_type", ["text/plain", "application/x-www-form-urlencoded", "application/xml", None]
 )
