@@ -13,7 +13,7 @@ the opposite of the one carried out.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -117,6 +117,27 @@ def _unkeepable(raw_path: bytes, query: bytes) -> str | None:
     return None
 
 
+def _unreadable_as_sent(
+    headers: Iterable[tuple[bytes, bytes]],
+) -> tuple[str, dict[str, str]] | None:
+    """Why a body cannot be read as the JSON its headers say it is (a 415's detail and
+    the header naming what would do), or None."""
+    # Every one: FastAPI parses by the first, a dict of them keeps the last.
+    media_types = [value for name, value in headers if name == b"content-type"]
+    codings = [value for name, value in headers if name == b"content-encoding"]
+    if len(media_types) != 1 or not is_json(media_types[0]):
+        # Read as JSON it may be, but FastAPI would not parse it (its content types
+        # are strict) and would answer that the object sent is not an object.
+        detail = "the body must be sent with one Content-Type: application/json"
+        return detail, {"Accept-Post": "application/json"}  # RFC 9110 §15.5.16
+    if any(value.strip().lower() not in (b"", b"identity") for value in codings):
+        # Not decoded anywhere: a compressed body was read as the JSON it is not, or
+        # worse, a body that only claims a coding was read as sent.
+        detail = "the body must be sent uncompressed (no Content-Encoding)"
+        return detail, {"Accept-Encoding": "identity"}  # RFC 9110 §12.5.3
+    return None
+
+
 class RequestLimits:
     def __init__(
         self, app: ASGIApp, *, max_bytes: int, max_depth: int, routers: Sequence[APIRouter]
@@ -171,30 +192,12 @@ class RequestLimits:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        # Every one: FastAPI parses by the first, the dict above kept the last.
-        media_types = [value for name, value in scope["headers"] if name == b"content-type"]
         reads_it = self._reads_a_body(scope)
-        if body and reads_it and (len(media_types) != 1 or not is_json(media_types[0])):
-            # Read as JSON it may be, but FastAPI would not parse it (its content types
-            # are strict) and would answer that the object sent is not an object.
-            response = problem_response(
-                Code.UNSUPPORTED_MEDIA_TYPE,
-                "the body must be sent with one Content-Type: application/json",
-                instance=path,
-            )
-            response.headers["Accept-Post"] = "application/json"  # RFC 9110 §15.5.16
-            await response(scope, receive, send)
-            return
-        codings = [v for n, v in scope["headers"] if n == b"content-encoding"]
-        if body and reads_it and any(v.strip().lower() not in (b"", b"identity") for v in codings):
-            # Not decoded anywhere: a compressed body was read as the JSON it is not, or
-            # worse, a body that only claims a coding was read as sent.
-            response = problem_response(
-                Code.UNSUPPORTED_MEDIA_TYPE,
-                "the body must be sent uncompressed (no Content-Encoding)",
-                instance=path,
-            )
-            response.headers["Accept-Encoding"] = "identity"  # RFC 9110 §12.5.3
+        refusal = _unreadable_as_sent(scope["headers"]) if body and reads_it else None
+        if refusal is not None:
+            detail, hint = refusal
+            response = problem_response(Code.UNSUPPORTED_MEDIA_TYPE, detail, instance=path)
+            response.headers.update(hint)
             await response(scope, receive, send)
             return
         not_text = _not_utf8_text(body) if reads_it else None
