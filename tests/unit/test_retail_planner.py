@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from runtime.ids import artifact_id
 from runtime.model import Artifact, Decision, RunContext, utcnow
 from runtime.planner import Observation, PlannerView
 from runtime.tooling import ToolContext
 from tools.retail import RetailPlanner, build_registry, count_outbox, generate
 from tools.retail.data import DECLINE_FACTORS
+from tools.retail.writer import ReportWriterPlanner
 
 ZH = "上周华东区销售下滑的主要 SKU 是什么？"
 EN = "Which SKUs drove last week's sales drop in the east region?"
@@ -277,3 +280,16 @@ async def test_a_long_notify_list_is_handed_off_whole_and_named_in_brief() -> No
     assert d.handoff.data is not None and d.handoff.data["recipients"] == notify
     assert notify[0] in d.handoff.task and "147 more" in d.handoff.task
     assert len(d.handoff.task) < 1_000
+
+
+@pytest.mark.parametrize("depth", [2_000, 100_000])
+async def test_a_brief_nested_past_the_stack_is_no_brief_not_a_planner_error(depth: int) -> None:
+    """The writer's answer to any unreadable brief: the run failed PLANNER_ERROR on a
+    RecursionError instead (a fuzzing helper found)."""
+    deep = "[" * depth + "]" * depth
+    brief = '{"title": "t", "question": "q", "findings": {"x": ' + deep + "}}"
+    for text in (deep, brief):
+        view = PlannerView(run_id="r", input=text, context=RunContext(), step_index=0)
+        decision = await ReportWriterPlanner().next_step(view)
+        assert decision.kind == "finish" and decision.data is not None
+        assert decision.data["error"].startswith("the input is not a JSON brief")

@@ -46,7 +46,7 @@ def brief_of(view: PlannerView) -> Brief | str:
     if raw is None:
         try:
             raw = json.loads(view.input)
-        except ValueError:
+        except (ValueError, RecursionError):  # JSON nested past Python's stack: no brief
             return "the input is not a JSON brief {title, question, findings, recipients?}"
     try:
         return Brief.model_validate(raw)
