@@ -136,6 +136,10 @@ class Client:
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        parsed = httpx.URL(base_url)
+        if parsed.query or parsed.fragment or base_url.rstrip("/").endswith(("?", "#")):
+            # Every path is put before it: each request went to ".../?x=1/runs", a 404.
+            raise httpx.InvalidURL("a server URL has no query string or fragment")
         self.base_url = base_url.rstrip("/")
         headers = {"Accept": "application/json", "User-Agent": "agent-runtime-cli"}
         if token:

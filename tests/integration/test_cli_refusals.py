@@ -87,6 +87,9 @@ def test_unreadable_settings_are_refused_in_one_line(
     [
         (("--url", "http://[::1", "runs"), "not a usable URL"),
         (("--url", "htp:/x", "runs"), "not a usable URL"),  # not "server unreachable"
+        # Not a 404 for every command: each path went after the query.
+        (("--url", "http://127.0.0.1:9/?tenant=a", "runs"), "no query string"),
+        (("--url", "http://127.0.0.1:9/#top", "runs"), "no query string"),
         (("--token", "café", "runs"), "cannot be sent"),  # a header is ASCII
         (("--token", "abc\ndef", "runs"), "cannot be sent"),  # and one line
         (("run", b"\xff"), "cannot be sent"),  # bytes that are not UTF-8 in argv
