@@ -163,7 +163,13 @@ class Cli:
 
     def run(self) -> int:
         args = self.args
-        text = sys.stdin.read().rstrip("\n") if args.input == "-" else args.input
+        text = args.input
+        if text == "-":
+            try:  # strictly: undecodable bytes came through as surrogates no request carries
+                text = sys.stdin.buffer.read().decode("utf-8-sig").rstrip("\n")
+            except UnicodeDecodeError as exc:
+                self.printer.note(f"agent-runtime: the input on stdin is not UTF-8 text: {exc}")
+                return EXIT_ERROR
         context: JSON = {}
         if args.context_json:
             context = dict(args.context_json)

@@ -409,6 +409,29 @@ class NotOurs(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def test_input_from_stdin_is_utf8_text(server: ServerProcess) -> None:
+    """A file saved with a BOM sends its text; bytes that are not UTF-8 are refused as
+    that, not as "an argument or the token cannot be sent" (they came through as
+    surrogates), and make no run."""
+    start(server)
+
+    def run_from_stdin(data: bytes) -> subprocess.CompletedProcess[bytes]:
+        command = [*CLI, "run", "-", "--scope", "sales_region:east", "--json"]
+        env = cli_env(server)
+        return subprocess.run(command, cwd=ROOT, env=env, input=data, capture_output=True)
+
+    sent = run_from_stdin(b"\xef\xbb\xbf" + QUESTION.encode() + b"\n")
+    assert sent.returncode == 0, sent.stderr
+    assert json.loads(sent.stdout)["input"] == QUESTION
+    before = json.loads(cli(server, "runs", "--json").stdout)["items"]
+
+    refused = run_from_stdin(b"sales \xff\xfe east")
+    assert refused.returncode == 2 and not refused.stdout, refused
+    assert refused.stderr.decode().count("\n") == 1, refused.stderr
+    assert b"the input on stdin is not UTF-8 text" in refused.stderr
+    assert json.loads(cli(server, "runs", "--json").stdout)["items"] == before
+
+
 def test_what_the_cli_would_have_got_wrong_it_refuses(server: ServerProcess) -> None:
     start(server)
     before = json.loads(cli(server, "runs", "--json").stdout)["items"]
