@@ -50,6 +50,21 @@ def run(
         return EXIT_USAGE
 
 
+def no_database(settings: Settings, command: str, what: str) -> bool:
+    """Whether the embedded database is not there, said as ``what`` then is (a command
+    that reads it must not open it: that makes an empty one, whose "nothing" would
+    vouch for a typo in the path)."""
+    from runtime.backend import sqlite_path
+    from server.settings import refused
+
+    url = settings.resolved_database_url
+    if not url.startswith("sqlite:///") or sqlite_path(url).is_file():
+        return False
+    why = refused(settings.database_setting, f"no database at {sqlite_path(url)}")
+    print(f"agent-runtime {command}: {why}: {what}", file=sys.stderr)
+    return True
+
+
 # -- keys ------------------------------------------------------------------------------
 
 
@@ -58,6 +73,9 @@ async def keys(args: argparse.Namespace, settings: Settings) -> int:
     from server.auth.keys import create_key
     from server.settings import one_line
 
+    # A key may be made before the server's first start; there is none to list or revoke.
+    if args.keys_command != "create" and no_database(settings, "keys", "no keys"):
+        return EXIT_USAGE
     backend = await open_backend(settings.resolved_database_url)
     try:
         store = backend.store
@@ -140,18 +158,14 @@ async def keys(args: argparse.Namespace, settings: Settings) -> int:
 async def prune(args: argparse.Namespace, settings: Settings) -> int:
     from datetime import timedelta
 
-    from runtime.backend import open_backend, sqlite_path
+    from runtime.backend import open_backend
     from runtime.model import utcnow
     from runtime.retention import prune as prune_runs
     from runtime.store.codec import _iso
-    from server.settings import refused
 
-    url = settings.resolved_database_url
-    if url.startswith("sqlite:///") and not sqlite_path(url).is_file():
-        # Opening it would make an empty store, and "0 runs" would vouch for a typo.
-        why = refused(settings.database_setting, f"no database at {sqlite_path(url)}")
-        print(f"agent-runtime prune: {why}: nothing to prune", file=sys.stderr)
+    if no_database(settings, "prune", "nothing to prune"):
         return EXIT_USAGE
+    url = settings.resolved_database_url
     cutoff = utcnow() - timedelta(days=args.older_than)
     when = _iso(cutoff)  # as the API writes times
     backend = await open_backend(url)

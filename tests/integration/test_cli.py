@@ -575,23 +575,29 @@ def test_a_revoked_key_ends_the_streams_it_opened(server: ServerProcess) -> None
 
 
 @pytest.mark.parametrize("setting", ["DATABASE_URL", "DATA_DIR"])
-def test_prune_of_a_database_that_is_not_there_is_refused_not_made(
+def test_a_read_of_a_database_that_is_not_there_is_refused_not_made(
     tmp_path: Path, setting: str
 ) -> None:
     """A mistyped path: opening it made an empty store, and "0 runs ended before …"
-    (exit 0, even with --dry-run, "nothing deleted") vouched for the typo."""
+    (exit 0, even with --dry-run, "nothing deleted") or an empty key list vouched for
+    the typo. (``keys create`` may make the database: a key before the first start.)"""
     typo = tmp_path / "typo"
     value = f"sqlite:///{typo}/runtme.db" if setting == "DATABASE_URL" else str(typo)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RUNTIME_")}
     env |= {"PYTHONPATH": str(ROOT), f"AGENT_RUNTIME_{setting}": value}
 
-    for dry in ([], ["--dry-run"]):
+    for command in (
+        ["prune", "--older-than", "30"],
+        ["prune", "--older-than", "30", "--dry-run"],
+        ["keys", "list"],
+        ["keys", "revoke", "key-0"],
+    ):
         done = subprocess.run(
-            [*CLI, "prune", "--older-than", "30", *dry],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert done.returncode == 2, (done.stdout, done.stderr)
-        assert f"AGENT_RUNTIME_{setting}: no database at {typo}" in done.stderr
+            [*CLI, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        said = f"agent-runtime {command[0]}: AGENT_RUNTIME_{setting}: no database at {typo}"
+        assert said in done.stderr, done.stderr
         assert not typo.exists()
 
 
