@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,10 +10,16 @@ from runtime.planner import Planner
 from runtime.policy import Policy
 from runtime.tooling import ToolResolver
 
+AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+"""What an agent's id is made of: it is written into a worker's claims as a literal
+(``runtime.store.leases.of_agents``), where a ``%`` or ``?`` read as a placeholder by
+the driver stopped every claim of the worker; and it goes into URLs, logs and metrics."""
+
 
 @dataclass(frozen=True)
 class AgentSpec:
     agent_id: str
+    """Letters, digits, ``_``, ``.`` and ``-``, at most 100, a letter or digit first."""
     description: str
     builder: Any
     """An uncompiled StateGraph over runtime.state.RunState with runtime.context.Context."""
@@ -20,6 +27,13 @@ class AgentSpec:
     """Every tool a run of this agent may execute, its sub-agents' included: compensation
     on cancel resolves the ledger's rows through it."""
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.agent_id, str) and AGENT_ID.fullmatch(self.agent_id)):
+            raise ValueError(
+                f"agent id {self.agent_id!r} is not letters, digits, '_', '.' and '-' "
+                "(at most 100, a letter or digit first)"
+            )
 
 
 @dataclass(frozen=True)

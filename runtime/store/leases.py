@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from runtime.agent import AGENT_ID
 from runtime.store.core import (
     CANCEL_CHANNEL,
     ENDED,
@@ -47,13 +48,15 @@ def of_agents(runs: str, agents: Collection[str] | None) -> str:
 
     A worker without an agent (a fleet mid-deploy, workers given different agents)
     otherwise leased its runs only to hand them back, each a lease later. The ids are
-    the process's own agents, from code, written as literals: the claim's parameters
-    are positional, and its conditions repeated."""
+    the process's own agents, written as literals (the claim's parameters are
+    positional, and its conditions repeated): :data:`runtime.agent.AGENT_ID` keeps
+    quotes, and what the driver would read as a placeholder, out of them."""
     if agents is None:
         return ""
-    if any("\x00" in agent for agent in agents):
-        raise ValueError("an agent id holds a NUL character")
-    listed = ", ".join("'" + agent.replace("'", "''") + "'" for agent in sorted(agents))
+    unsafe = [agent for agent in agents if not AGENT_ID.fullmatch(agent)]
+    if unsafe:
+        raise ValueError(f"not an agent id: {unsafe[0]!r}")
+    listed = ", ".join(f"'{agent}'" for agent in sorted(agents))
     hosted = f"{runs}.agent_id IN ({listed}) OR " if listed else ""
     return f" AND ({hosted}{runs}.cancel_requested IS NOT NULL)"
 
@@ -398,10 +401,12 @@ class LeaseQueries(StoreCore):
             await tx.execute("UPDATE runs SET lease_expires_at = 0 WHERE lease_owner IS NOT NULL")
 
     async def waiting_agents(self) -> dict[str, int]:
-        """How many runs wait to be driven, by agent."""
+        """How many runs wait to be driven, by agent (not those to be cancelled, which
+        any worker takes)."""
         async with self.read() as tx:
             rows = await tx.fetchall(
-                "SELECT agent_id, COUNT(*) AS n FROM runs WHERE needs_drive = 1 GROUP BY agent_id"
+                "SELECT agent_id, COUNT(*) AS n FROM runs WHERE needs_drive = 1 "
+                "AND cancel_requested IS NULL GROUP BY agent_id"
             )
         return {row["agent_id"]: int(row["n"]) for row in rows}
 

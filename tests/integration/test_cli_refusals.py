@@ -178,6 +178,12 @@ PLUGINS = {
         "def build(settings):\n"
         "    return [replace(build_agents(settings)[0], agent_id='retail_analyst')]\n"
     ),
+    "odd_id": (
+        "from dataclasses import replace\n"
+        "from tests.agents import build_agents\n"
+        "def build(settings):\n"
+        "    return [replace(build_agents(settings)[0], agent_id='pct%agent')]\n"
+    ),
     "tests_agents_again": (
         "from tests.agents import build_agents\n"
         "def build(settings):\n"
@@ -199,6 +205,8 @@ EXTRA_AGENTS_REFUSED = [
     (["not_a_function:build"], "no function build"),
     (["no_build_agents"], "no function build_agents"),  # a module alone: its build_agents
     (["demo_again:build"], "'retail_analyst'"),
+    # Written into the worker's claims: on PostgreSQL a "%" stopped every one of them.
+    (["odd_id:build"], "agent id 'pct%agent' is not letters, digits"),
     (["tests.agents:build_agents", "tests_agents_again:build"], "tests.agents:build_agents"),
 ]
 
