@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.ids import AGENT_ID
 from runtime.planner import Planner
 from runtime.policy import Policy
 from runtime.tooling import ToolResolver
-
-AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-"""What an agent's id is made of: it is written into a worker's claims as a literal
-(``runtime.store.leases.of_agents``), where a ``%`` or ``?`` read as a placeholder by
-the driver stopped every claim of the worker; and it goes into URLs, logs and metrics."""
 
 
 @dataclass(frozen=True)

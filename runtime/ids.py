@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from runtime.model import Decision
+
+
+AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+"""What an agent's id is made of (``runtime.agent.AgentSpec`` refuses any other): it is
+written into a worker's claims as a literal (``runtime.store.leases.of_agents``), where
+a ``%`` or ``?`` read as a placeholder by the driver stopped every claim of the worker;
+and it goes into URLs, logs and metrics."""
 
 
 def new_run_id() -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from runtime.agent import AGENT_ID
+from runtime.ids import AGENT_ID
 from runtime.store.core import (
     CANCEL_CHANNEL,
     ENDED,
@@ -49,7 +49,7 @@ def of_agents(runs: str, agents: Collection[str] | None) -> str:
     A worker without an agent (a fleet mid-deploy, workers given different agents)
     otherwise leased its runs only to hand them back, each a lease later. The ids are
     the process's own agents, written as literals (the claim's parameters are
-    positional, and its conditions repeated): :data:`runtime.agent.AGENT_ID` keeps
+    positional, and its conditions repeated): :data:`runtime.ids.AGENT_ID` keeps
     quotes, and what the driver would read as a placeholder, out of them."""
     if agents is None:
         return ""
