@@ -20,7 +20,7 @@ from runtime.ids import proposed_calls
 from runtime.model import Decision, Step, Usage, utcnow
 from runtime.planner import Observation, Planner, PlannerView, llm_calls_of
 from runtime.state import RunState, failed, run_context
-from runtime.storable import plain_json
+from runtime.storable import MAX_NESTING, nests_deeper, plain_json
 from runtime.tooling import ToolResolver
 
 NodeFn = Any
@@ -95,11 +95,14 @@ def make_planner_node(
             started = utcnow()
             try:
                 decision = await planner.next_step(view)
+                proposed = decision.model_dump()
+                if nests_deeper(proposed):  # no store keeps it: the planner's error
+                    raise ValueError(f"the decision nests deeper than {MAX_NESTING} levels")
                 # What no store keeps (a model's broken token, NaN, 2**64) is made
                 # keepable before the step is recorded, rather than failing the run once
                 # it is: the guard checks the arguments as they were recorded, and one
                 # that no longer fits its schema goes back to the planner.
-                decision = Decision.model_validate(plain_json(decision.model_dump())[0])
+                decision = Decision.model_validate(plain_json(proposed)[0])
             except Exception as exc:  # a planner bug or a model outage ends the run, visibly
                 # (its error event is written with the run's end, as every failure's is)
                 spent = usage.model_copy(

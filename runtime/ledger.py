@@ -30,7 +30,7 @@ from runtime.recording import Finished, Recording
 from runtime.scrubbing import scrub as scrub
 from runtime.scrubbing import secret_values as secret_values
 from runtime.services import NodeStore, close_call
-from runtime.storable import plain_json
+from runtime.storable import nests_deeper, plain_json
 from runtime.tooling import (
     ArtifactSink,
     ToolContext,
@@ -40,7 +40,8 @@ from runtime.tooling import (
 log = logging.getLogger(__name__)
 
 INLINE_OUTPUT_BYTES = 4096
-"""Outputs larger than this become an artifact; the ledger and checkpoint keep the ref."""
+"""Outputs larger than this (or nested deeper than :data:`runtime.storable.MAX_NESTING`)
+become an artifact; the ledger and checkpoint keep the ref."""
 FINISHED = ("succeeded", "failed", "unknown", "cancelled")
 STOPPED_ATTEMPT = (
     "the drive running this attempt stopped before its outcome was recorded "
@@ -115,8 +116,13 @@ async def _finish(
 ) -> ToolCall:
     artifact_ref = None
     if output is not None:
-        output, encoded = plain_json(output)
-        if len(encoded) > INLINE_OUTPUT_BYTES:
+        deep = nests_deeper(output)  # kept whole in an artifact, where depth costs nothing
+        try:
+            output, encoded = plain_json(output)
+        except RecursionError:  # past Python's stack: the call is closed all the same
+            output, deep = {"not_kept": "the output nests too deep to be written as JSON"}, False
+            output, encoded = plain_json(output)
+        if deep or len(encoded) > INLINE_OUTPUT_BYTES:
             # Clipped: tool names are the registry's, which has no bound on them.
             name = f"{row.tool[:200]}-output.json"
             art = await artifacts.put(encoded, "application/json", name)

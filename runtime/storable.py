@@ -19,6 +19,12 @@ from typing import Any
 
 INT64 = (-(2**63), 2**63 - 1)
 
+MAX_NESTING = 64
+"""How deep the JSON a planner or a tool hands the runtime may nest. The checkpoint's
+msgpack stops at 255 levels, pydantic's serialiser a little past that, Python's json
+at about 1,000 (its stack): deeper, a step could not be recorded once its work was done
+(a tool's call was left running after its side effect). Real data nests a few levels."""
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -30,6 +36,22 @@ def utf8(text: str) -> str:
 def _int64_or_text(digits: str) -> int | str:
     value = int(digits)
     return value if INT64[0] <= value <= INT64[1] else digits
+
+
+def nests_deeper(value: Any, limit: int = MAX_NESTING) -> bool:
+    """Whether ``value``'s dicts and lists nest more than ``limit`` levels (without
+    recursion: the values in question can be past Python's stack)."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [
+            child
+            for item in level
+            if isinstance(item, dict | list | tuple)
+            for child in (item.values() if isinstance(item, dict) else item)
+        ]
+        if not level:
+            return False
+    return True
 
 
 def plain_json(value: Any) -> tuple[Any, bytes]:

@@ -584,6 +584,37 @@ async def test_large_output_with_nan_is_a_json_artifact(h: Harness) -> None:
     assert json.loads(stored[1], parse_constant=pytest.fail)["rows"][0] is None
 
 
+def nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+async def test_a_deeply_nested_output_is_kept_whole_in_an_artifact(h: Harness) -> None:
+    """Small but 300 levels deep, it went inline, and the run failed at its checkpoint
+    (msgpack stops at 255 levels), after the tool had run."""
+    row = await h.execute(h.spec(nested(300)))
+
+    assert row.status == "succeeded" and row.artifact_id is not None
+    assert set(row.output) == {"artifact_id", "size", "preview"}
+    stored = await h.store.get_tool_call(row.tool_call_id)
+    assert stored is not None and stored.output == row.output
+    artifact = await h.store.get_artifact(row.artifact_id)
+    assert artifact is not None and json.loads(artifact[1]) == nested(300)
+
+
+async def test_an_output_nested_past_pythons_stack_still_closes_the_call(h: Harness) -> None:
+    """JSON could not write it: the call was left running after its side effect, and a
+    later drive would have run it again."""
+    row = await h.execute(h.spec(nested(5000)))
+
+    assert len(h.ran) == 1 and row.status == "succeeded"
+    stored = await h.store.get_tool_call(row.tool_call_id)
+    assert stored is not None and stored.status == "succeeded"
+    assert stored.output == {"not_kept": "the output nests too deep to be written as JSON"}
+
+
 async def test_an_error_text_no_store_keeps_is_kept_readable(h: Harness) -> None:
     row = await h.execute(h.spec(ToolBusinessError("refused \ud83d by the shop")))
     assert row.status == "failed"

@@ -258,6 +258,24 @@ async def test_a_decision_is_recorded_as_the_stores_can_keep_it(env: NodeEnv) ->
     assert Decision.model_validate(update["decision"]).answer == "half an emoji \ufffd"
 
 
+@pytest.mark.parametrize("depth", [100, 300, 5000])
+async def test_a_decision_nested_too_deep_to_keep_is_a_planner_error(
+    env: NodeEnv, depth: int
+) -> None:
+    """From about 300 levels the step could not be recorded (pydantic's serialiser), or
+    checkpointed (msgpack, 255): the run failed INTERNAL_ERROR, not the planner's error."""
+    deep: Any = "leaf"
+    for _ in range(depth):
+        deep = [deep]
+    planner = CountingPlanner(call("echo", text="a", deep=deep))
+
+    update = await make_planner_node(planner, env.tools)(env.state(), env.runtime)
+
+    assert update["outcome"]["code"] == "PLANNER_ERROR"
+    assert "nests deeper than 64 levels" in update["outcome"]["message"]
+    assert await env.store.get_step(env.run_id, 0) is None
+
+
 async def test_a_graph_invoked_without_an_input_is_told_so(env: NodeEnv) -> None:
     """Studio invokes the graph with whatever its form holds: no ``input`` was a bare
     KeyError 'input'. Nothing is planned or recorded."""

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from runtime.errors import Code
 from runtime.model import Decision, DecisionUsage, ProposedCall
 from runtime.planner import Observation, PlannerView
+from runtime.storable import MAX_NESTING, nests_deeper
 from tools.retail.report import has_cjk
 
 AGENT_ID = "report_writer"
@@ -40,26 +41,6 @@ def _succeeded(observations: list[Observation]) -> Observation | None:
     return next((o for o in reversed(observations) if o.status == "succeeded"), None)
 
 
-MAX_BRIEF_DEPTH = 64
-"""How deep a brief's JSON may nest: deeper, the report's decision could not be
-recorded (pydantic serialises to a depth of a few hundred), and the run failed
-INTERNAL_ERROR instead of answering that there was no brief."""
-
-
-def _nests_deeper(value: Any, limit: int) -> bool:
-    level = [value]
-    for _ in range(limit + 1):
-        level = [
-            child
-            for item in level
-            if isinstance(item, dict | list)
-            for child in (item.values() if isinstance(item, dict) else item)
-        ]
-        if not level:
-            return False
-    return True
-
-
 def brief_of(view: PlannerView) -> Brief | str:
     """The brief, or why there is none."""
     raw: Any = view.task_data
@@ -68,8 +49,8 @@ def brief_of(view: PlannerView) -> Brief | str:
             raw = json.loads(view.input)
         except (ValueError, RecursionError):  # JSON nested past Python's stack: no brief
             return "the input is not a JSON brief {title, question, findings, recipients?}"
-    if _nests_deeper(raw, MAX_BRIEF_DEPTH):
-        return f"the brief nests deeper than {MAX_BRIEF_DEPTH} levels"
+    if nests_deeper(raw):
+        return f"the brief nests deeper than {MAX_NESTING} levels"
     try:
         return Brief.model_validate(raw)
     except ValidationError as exc:
