@@ -6,11 +6,12 @@ creation); no ``ANALYZE`` or ``VACUUM`` follows: the statistics a burst of the l
 minute leaves. Each figure is a median, small and large tables measured one after the
 other in the same process.
 
-* **Claims.** A worker claims each time a slot frees (``claim_runs(limit=1)``): 30
-  claims of one run each against a backlog of waiting runs of 1, 100, and many
-  tenants. A claim reads each tenant's first ``limit`` + 16 waiting runs while few
-  tenants have runs waiting (``runtime.store.leases.FEW_TENANTS``), every waiting
-  run past that.
+* **Claims.** A worker claims each time a slot frees (``claim_runs(limit=1)``, for
+  the one agent it hosts, as workers do): 30 claims of one run each against a backlog
+  of waiting runs of 1, 100, and many tenants, and of another agent (no worker has it)
+  in the same tenant as 100 runs of the worker's. A claim reads each tenant's first
+  ``limit`` + 16 waiting runs of each agent the worker hosts while few tenants have
+  runs waiting (``runtime.store.leases.FEW_TENANTS``), every waiting run past that.
 * **Reads.** One tenant with 1,000 and with 100,000 ended runs (10 of them waiting
   for a human, with a pending approval each; 10 of another agent): the pages the API
   serves (``GET /runs`` by tenant, state, agent, a page deep in the list; the
@@ -48,16 +49,25 @@ IN_FLIGHT = 400
 ``runtime.store.leases.FEW_TENANTS``, as in a busy fleet."""
 
 
-def cases(large: int) -> list[tuple[int, int, int]]:
-    """(tenants, waiting runs, runs in flight): the baseline first, then a large backlog
-    of one tenant, of a hundred, of one beside 400 tenants being served, and of so many
-    tenants that each has a few runs."""
+HOSTED = "test-agent"
+"""The agent of the template run, the one the claiming worker hosts."""
+
+OURS_BESIDE = 100
+"""Runs of the worker's agent behind another agent's backlog, in that case."""
+
+
+def cases(large: int) -> list[tuple[int, int, int, bool]]:
+    """(tenants, waiting runs, runs in flight, of another agent): the baseline first,
+    then a large backlog of one tenant, of a hundred, of one beside 400 tenants being
+    served, of so many tenants that each has a few runs, and of another agent ahead
+    of :data:`OURS_BESIDE` runs of the worker's in one tenant."""
     return [
-        (1, 100, 0),
-        (1, large, 0),
-        (100, large, 0),
-        (1, large, IN_FLIGHT),
-        (large // 5, large, 0),
+        (1, 100, 0, False),
+        (1, large, 0, False),
+        (100, large, 0, False),
+        (1, large, IN_FLIGHT, False),
+        (large // 5, large, 0, False),
+        (1, large, 0, True),
     ]
 
 
@@ -66,6 +76,7 @@ HEADER = [
     "tenants waiting",
     "waiting runs",
     "tenants in flight",
+    "of another agent",
     "claim (median)",
     "÷ 100 runs of one tenant",
 ]
@@ -80,6 +91,7 @@ class Result:
     tenants: int
     waiting: int
     in_flight: int
+    foreign: bool
     claim_s: float
     baseline_s: float
 
@@ -89,6 +101,7 @@ class Result:
             f"{self.tenants:,}",
             f"{self.waiting:,}",
             f"{self.in_flight:,}",
+            "yes" if self.foreign else "no",
             f"{self.claim_s * 1000:.2f} ms",
             f"{self.claim_s / self.baseline_s:.2f}x",
         ]
@@ -149,7 +162,7 @@ async def claim_time(store: RunStore) -> float:
     times = []
     for i in range(CLAIMS):
         start = time.perf_counter()
-        claimed = await store.claim_runs(f"bench-w{i}", 1, 600.0)
+        claimed = await store.claim_runs(f"bench-w{i}", 1, 600.0, agents={HOSTED})
         times.append(time.perf_counter() - start)
         assert len(claimed) == 1, claimed
     return statistics.median(times)
@@ -171,14 +184,21 @@ def run_sql(target: str, dialect: str, statements: list[str]) -> None:
 
 
 async def backlog_claim(
-    url: str, fill_target: str, dialect: str, case: tuple[int, int, int]
+    url: str, fill_target: str, dialect: str, case: tuple[int, int, int, bool]
 ) -> float:
-    tenants, count, in_flight = case
+    tenants, count, in_flight, foreign = case
     backend = await open_backend(url)
     try:
         store = backend.store
         await store.create_run(template_run(), "hash")
         fill(fill_target, dialect, count, tenants)
+        if foreign:  # ahead of the worker's own: as old, first in id order, same tenant
+            mine = "run_id = 'bench-template' OR run_id LIKE 'hb%'"
+            run_sql(
+                fill_target, dialect, [f"UPDATE runs SET agent_id = 'elsewhere' WHERE NOT ({mine})"]
+            )
+            fill(fill_target, dialect, OURS_BESIDE, 1, prefix="h")
+            run_sql(fill_target, dialect, [f"UPDATE runs SET tenant_id = 't0' WHERE {mine}"])
         if in_flight:
             fill(fill_target, dialect, in_flight, in_flight, prefix="f")
             run_sql(
@@ -195,7 +215,7 @@ async def backlog_claim(
 
 
 def measure_store(dialect: str, large: int) -> list[Result]:
-    timed: list[tuple[tuple[int, int, int], float]] = []
+    timed: list[tuple[tuple[int, int, int, bool], float]] = []
     for case in cases(large):
         if dialect == "postgres":
             with pg_schema() as url:

@@ -53,12 +53,17 @@ def of_agents(runs: str, agents: Collection[str] | None) -> str:
     quotes, and what the driver would read as a placeholder, out of them."""
     if agents is None:
         return ""
+    listed = ", ".join(quoted(agents))
+    hosted = f"{runs}.agent_id IN ({listed}) OR " if listed else ""
+    return f" AND ({hosted}{runs}.cancel_requested IS NOT NULL)"
+
+
+def quoted(agents: Collection[str]) -> list[str]:
+    """``agents`` as SQL literals, in order; a ValueError for one that is no agent id."""
     unsafe = [agent for agent in agents if not AGENT_ID.fullmatch(agent)]
     if unsafe:
         raise ValueError(f"not an agent id: {unsafe[0]!r}")
-    listed = ", ".join(f"'{agent}'" for agent in sorted(agents))
-    hosted = f"{runs}.agent_id IN ({listed}) OR " if listed else ""
-    return f" AND ({hosted}{runs}.cancel_requested IS NOT NULL)"
+    return [f"'{agent}'" for agent in sorted(agents)]
 
 
 def blame(runs: str) -> str:
@@ -104,27 +109,35 @@ class LeaseQueries(StoreCore):
             )
 
         rows = await self.write_once(
-            f"{self._ranking(ready)}, "
+            f"{self._ranking(ready, agents, limit + CLAIM_SPARE)}, "
             f"picked AS ({self._lock_ranked(ready)}) "
             f"UPDATE runs SET {TAKE_OVER}, lease_owner = ?, "
             f"lease_expires_at = {self.now_sql} + ?, lease_version = lease_version + 1 "
             "WHERE run_id IN (SELECT run_id FROM picked) RETURNING run_id, lease_version",
-            (limit + CLAIM_SPARE, limit + CLAIM_SPARE, limit, owner, owner, owner, lease_s),
+            (limit + CLAIM_SPARE, limit, owner, owner, owner, lease_s),
         )
         return [(row["run_id"], int(row["lease_version"])) for row in rows]
 
-    def _ranking(self, ready: Callable[[str], str]) -> str:
+    def _ranking(
+        self, ready: Callable[[str], str], agents: Collection[str] | None, first_n: int
+    ) -> str:
         """``WITH`` … ``ranked``: the claim's first ``?`` candidates in turn order.
 
-        With few tenants waiting (:data:`FEW_TENANTS`), each one's first ``?`` waiting
-        runs from the index on (tenant_id, updated_at, run_id), never the backlog
-        behind them: a burst of a hundred thousand runs costs a claim what ten do. A
+        With few tenants waiting (:data:`FEW_TENANTS`), each one's first ``first_n``
+        waiting runs of each of ``agents``, and to be cancelled, from the index on
+        (tenant_id, agent_id, updated_at, run_id), never the backlog behind them: a
+        burst of a hundred thousand runs, of this worker's agents or another's, costs
+        a claim what ten do (with ``agents`` None, each tenant's waiting runs are
+        sorted: only tests and benchmarks claim for every agent). A
         tenant's run past the claim's whole ranking cannot be in it: as many of its own
         runs come first. With more tenants waiting, every waiting run is ranked, which
         costs what the backlog is: walking every tenant would cost more still where
         each has a run or two (BENCHMARKS.md §6), so the walk gives up at the bound.
         """
-        leased = f"l.lease_owner IS NOT NULL AND l.lease_expires_at >= {self.now_sql}"
+        # The clock in a subquery: read once, it can bound an index scan, where the
+        # volatile clock_timestamp() cannot (PostgreSQL then chose any index on
+        # tenant_id without fresh statistics, and read every run of the tenant).
+        leased = f"l.lease_owner IS NOT NULL AND l.lease_expires_at >= (SELECT {self.now_sql})"
         in_order = "(PARTITION BY w.tenant_id ORDER BY w.updated_at, w.run_id)"
         # Each tenant with a run waiting, one index probe apiece: neither dialect skips
         # through an index by itself (a loose index scan). Runs in flight or backing off
@@ -132,7 +145,7 @@ class LeaseQueries(StoreCore):
         # being served do not count. The walk stops past FEW_TENANTS; ``few`` has a row
         # only if it reached the end.
         waiting_runs = (
-            f"runs AS r{self.index_hint('runs_waiting')} WHERE r.needs_drive = 1 "
+            f"runs AS r{self.index_hint('runs_waiting_agent')} WHERE r.needs_drive = 1 "
             f"AND (r.lease_expires_at IS NULL OR r.lease_expires_at < {self.now_sql})"
         )
         walk = (
@@ -147,15 +160,27 @@ class LeaseQueries(StoreCore):
         # statistics (a backlog that arrived in the last minute) read every run for it.
         held_few = (
             "SELECT t.tenant_id, (SELECT COUNT(*) FROM runs AS l"
-            f"{self.index_hint('runs_leased')} WHERE l.tenant_id = t.tenant_id AND {leased}) "
+            f"{self.index_hint('runs_leased_until')} WHERE l.tenant_id = t.tenant_id AND {leased}) "
             "AS n FROM tenants AS t WHERE t.tenant_id IS NOT NULL"
         )
 
-        def first(runs: str, columns: str) -> str:
+        # Each tenant's first runs, one index probe per agent (in order within it), and
+        # one for cancels of any other agent: their union holds the tenant's first
+        # ``first_n`` ready runs, which the window below numbers.
+        if agents is None:
+            probes = [("", "runs_waiting_agent")]
+        else:
+            probes = [
+                (f" AND {{r}}.agent_id = {agent}", "runs_waiting_agent") for agent in quoted(agents)
+            ]
+            others = f" AND {{r}}.agent_id NOT IN ({', '.join(quoted(agents))})" if agents else ""
+            probes.append((f" AND {{r}}.cancel_requested IS NOT NULL{others}", "runs_cancelling"))
+
+        def first(runs: str, columns: str, which: str, index: str) -> str:
             return (
-                f"SELECT {columns} FROM runs AS {runs}{self.index_hint('runs_waiting')} "
-                f"WHERE {runs}.tenant_id = t.tenant_id AND {ready(runs)} "
-                f"ORDER BY {runs}.updated_at, {runs}.run_id LIMIT ?"
+                f"SELECT {columns} FROM runs AS {runs}{self.index_hint(index)} "
+                f"WHERE {runs}.tenant_id = t.tenant_id{which.format(r=runs)} AND {ready(runs)} "
+                f"ORDER BY {runs}.updated_at, {runs}.run_id LIMIT {first_n:d}"
             )
 
         # Which branch runs is decided by a one-row table first in a CROSS JOIN, so that
@@ -163,21 +188,26 @@ class LeaseQueries(StoreCore):
         # on nothing but a subquery again for every row it reads).
         gate = "FROM (SELECT COUNT(*) AS c FROM few) AS g CROSS JOIN"
         if self.row_locks:
-            firsts = (
-                f"{gate} tenants AS t CROSS JOIN LATERAL ({first('w', 'w.*')}) AS w WHERE g.c = 1"
-            )
+            arms = [
+                f"SELECT w.run_id, w.tenant_id, w.updated_at {gate} tenants AS t "
+                f"CROSS JOIN LATERAL ({first('w', 'w.*', which, index)}) AS w WHERE g.c = 1"
+                for which, index in probes
+            ]
         else:  # SQLite has no LATERAL: each tenant's first run ids, then their rows by key
-            firsts = (
-                f"{gate} tenants AS t JOIN runs AS w "
-                f"ON w.run_id IN ({first('q', 'q.run_id')}) WHERE g.c = 1"
-            )
+            arms = [
+                f"SELECT w.run_id, w.tenant_id, w.updated_at {gate} tenants AS t "
+                f"JOIN runs AS w ON w.run_id IN ({first('q', 'q.run_id', which, index)}) "
+                "WHERE g.c = 1"
+                for which, index in probes
+            ]
+        firsts = f"FROM ({' UNION ALL '.join(arms)}) AS w"
         # Past FEW_TENANTS: every waiting run and every live lease in one window per
         # tenant, leases first, so that a waiting run's number is its turn (its
         # position plus the tenant's leases) without a join (SQLite joined the counts
         # by scanning them again for every waiting run).
         leases_then_runs = (
             f"SELECT l.run_id, l.tenant_id, l.updated_at, 0 AS waiting {gate} "
-            f"runs AS l{self.index_hint('runs_leased')} WHERE g.c = 0 AND {leased} "
+            f"runs AS l{self.index_hint('runs_leased_until')} WHERE g.c = 0 AND {leased} "
             "UNION ALL SELECT w.run_id, w.tenant_id, w.updated_at, 1 AS waiting "
             f"{gate} runs AS w WHERE g.c = 0 AND {ready('w')}"
         )

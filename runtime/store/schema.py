@@ -240,6 +240,27 @@ MIGRATIONS: list[list[str]] = [
     # table after it shipped: a database that ran the first counted 6 and never got
     # the table (erasing memory and revoking a key failed on it for good).
     AUDIT,
+    [
+        # A worker claims only runs of its own agents, and cancels (runtime.store.leases):
+        # each tenant's waiting runs of one agent in order, and those to be cancelled.
+        # On runs_waiting, a tenant's backlog of another agent's runs was stepped over
+        # row by row at every claim (~140 ms a claim at 50,000 on PostgreSQL). Its
+        # tenant prefix still serves the walk between tenants.
+        "CREATE INDEX IF NOT EXISTS runs_waiting_agent "
+        "ON runs (tenant_id, agent_id, updated_at, run_id, lease_expires_at) "
+        "WHERE needs_drive = 1",
+        "CREATE INDEX IF NOT EXISTS runs_cancelling "
+        "ON runs (tenant_id, updated_at, run_id, lease_expires_at) "
+        "WHERE needs_drive = 1 AND cancel_requested IS NOT NULL",
+        # A tenant's live leases, counted at each claim: on runs_leased (tenant_id),
+        # PostgreSQL without fresh statistics (a burst of the last minute) counted
+        # through runs_idem instead, every run of the tenant (~20 ms at 50,000).
+        "CREATE INDEX IF NOT EXISTS runs_leased_until "
+        "ON runs (tenant_id, lease_expires_at) WHERE lease_owner IS NOT NULL",
+        # Dropped last (see above).
+        "DROP INDEX IF EXISTS runs_waiting",
+        "DROP INDEX IF EXISTS runs_leased",
+    ],
 ]
 
 

@@ -564,6 +564,40 @@ async def test_claims_take_only_runs_of_the_workers_agents_or_cancels(
     assert sorted(mine) == sorted((run.run_id, 1) for run in others)
 
 
+async def test_claims_for_some_agents_keep_turns_and_age_past_another_agents_backlog(
+    backend: object, make_run: MakeRun, ranking: str
+) -> None:
+    """A claim reads each tenant's first runs of each of the worker's agents (and its
+    cancels of any other), one index probe apiece, not the other agents' backlog ahead
+    of them: together they are still claimed tenant by tenant in turn, oldest first,
+    across the worker's agents, its cancels among them."""
+    store = store_of(backend)
+    start = utcnow() - timedelta(minutes=30)
+
+    async def run(agent: str, at: float, tenant: str = "busy") -> str:
+        made = await make_run(
+            store, tenant_id=tenant, agent_id=agent, created_at=start + timedelta(seconds=at)
+        )
+        return made.run_id
+
+    backlog = [await run("elsewhere", i) for i in range(CLAIM_SPARE + 10)]
+    ours = [await run("a" if i % 2 else "b", 100 + i) for i in range(6)]
+    foreign_cancel = await run("elsewhere", 103.5)  # between ours[3] and ours[4]
+    assert await store.request_cancel(foreign_cancel, "retired", False)
+    assert await store.request_cancel(ours[1], "no longer needed", False)
+    quiet = await run("b", 200, tenant="quiet")
+
+    order: list[str] = []
+    while claimed := await store.claim_runs(f"w{len(order)}", 1, 30.0, agents={"a", "b"}):
+        order += [run_id for run_id, _ in claimed]
+        assert len(order) <= len(ours) + 2, "claimed a run of an agent it does not host"
+    # The quiet tenant's turn comes as soon as the busy one has a run leased.
+    assert order == [ours[0], quiet, *ours[1:4], foreign_cancel, *ours[4:]]
+    for run_id in backlog:
+        lease = await store.lease_of(run_id)
+        assert lease is not None and lease["lease_owner"] is None
+
+
 async def test_claims_reach_past_a_tenants_first_runs(
     backend: object, make_run: MakeRun, ranking: str
 ) -> None:
@@ -995,6 +1029,39 @@ async def test_a_column_an_earlier_edition_of_its_migration_added_is_not_added_a
         row = await tx.fetchone("SELECT MAX(version) AS v FROM schema_version")
         await tx.execute("UPDATE runs SET drainer = ? WHERE run_id = ?", ("w1", "none"))
     assert row is not None and row["v"] == len(MIGRATIONS)
+
+
+async def test_a_database_of_the_version_before_gets_the_claims_indexes_by_agent(
+    backend: object, make_run: MakeRun
+) -> None:
+    """The last migration replaces the indexes claims read: its waiting runs are
+    claimed after it as before."""
+    store = store_of(backend)
+    run = await make_run(store)
+    async with store.tx() as tx:  # as the version before left it
+        for name in ("runs_waiting_agent", "runs_cancelling", "runs_leased_until"):
+            await tx.execute(f"DROP INDEX {name}")
+        await tx.execute(
+            "CREATE INDEX runs_waiting ON runs (tenant_id, updated_at, run_id, lease_expires_at) "
+            "WHERE needs_drive = 1"
+        )
+        await tx.execute(
+            "CREATE INDEX runs_leased ON runs (tenant_id) WHERE lease_owner IS NOT NULL"
+        )
+        await tx.execute("DELETE FROM schema_version WHERE version > ?", (len(MIGRATIONS) - 1,))
+
+    await store.migrate()
+
+    listed = (
+        "SELECT name FROM sqlite_master WHERE type = 'index'"
+        if store.dialect == "sqlite"
+        else "SELECT indexname AS name FROM pg_indexes WHERE schemaname = current_schema()"
+    )
+    async with store.read() as conn:
+        names = {row["name"] for row in await conn.fetchall(listed)}
+    assert {"runs_waiting_agent", "runs_cancelling", "runs_leased_until"} <= names
+    assert not {"runs_waiting", "runs_leased"} & names
+    assert await store.claim_runs("w1", 5, 30.0, agents={run.agent_id}) == [(run.run_id, 1)]
 
 
 async def test_a_database_a_newer_version_migrated_refuses_this_one(backend: object) -> None:
