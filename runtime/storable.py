@@ -41,17 +41,22 @@ def _int64_or_text(digits: str) -> int | str:
 def nests_deeper(value: Any, limit: int = MAX_NESTING) -> bool:
     """Whether ``value``'s dicts and lists nest more than ``limit`` levels (without
     recursion: the values in question can be past Python's stack)."""
-    level = [value]
-    for _ in range(limit + 1):
-        level = [
-            child
-            for item in level
-            if isinstance(item, dict | list | tuple)
-            for child in (item.values() if isinstance(item, dict) else item)
-        ]
+    containers = (dict, list, tuple)
+    level = [value] if isinstance(value, containers) else []
+    for _ in range(limit):
+        # Each container once a level: one shared by reference many times over (a
+        # DAG) would otherwise double the level's length at every level.
+        level = list(
+            {
+                id(child): child
+                for item in level
+                for child in (item.values() if isinstance(item, dict) else item)
+                if isinstance(child, containers)
+            }.values()
+        )
         if not level:
             return False
-    return True
+    return bool(level)
 
 
 def plain_json(value: Any) -> tuple[Any, bytes]:
