@@ -30,7 +30,7 @@ from runtime.recording import Finished, Recording
 from runtime.scrubbing import scrub as scrub
 from runtime.scrubbing import secret_values as secret_values
 from runtime.services import NodeStore, close_call
-from runtime.storable import nests_deeper, plain_json
+from runtime.storable import nests_deeper, plain_json, utf8
 from runtime.tooling import (
     ArtifactSink,
     ToolContext,
@@ -119,8 +119,12 @@ async def _finish(
         deep = nests_deeper(output)  # kept whole in an artifact, where depth costs nothing
         try:
             output, encoded = plain_json(output)
-        except RecursionError:  # past Python's stack: the call is closed all the same
-            output, deep = {"not_kept": "the output nests too deep to be written as JSON"}, False
+        except (RecursionError, ValueError, TypeError) as exc:
+            # Past Python's stack, a cycle, a key JSON has no form for: what no store
+            # keeps, after the tool ran. The call is closed all the same (left running,
+            # a later drive would run it again or call it unknown).
+            why = "nests too deep" if isinstance(exc, RecursionError) else "has no JSON form"
+            output, deep = {"not_kept": f"the output {why}: {utf8(str(exc))[:200]}"}, False
             output, encoded = plain_json(output)
         if deep or len(encoded) > INLINE_OUTPUT_BYTES:
             # Clipped: tool names are the registry's, which has no bound on them.

@@ -604,15 +604,32 @@ async def test_a_deeply_nested_output_is_kept_whole_in_an_artifact(h: Harness) -
     assert artifact is not None and json.loads(artifact[1]) == nested(300)
 
 
-async def test_an_output_nested_past_pythons_stack_still_closes_the_call(h: Harness) -> None:
-    """JSON could not write it: the call was left running after its side effect, and a
-    later drive would have run it again."""
-    row = await h.execute(h.spec(nested(5000)))
+def cycle() -> list[Any]:
+    looped: list[Any] = []
+    looped.append(looped)
+    return looped
+
+
+@pytest.mark.parametrize(
+    ("output", "why"),
+    [
+        (nested(5000), "nests too deep: maximum recursion depth exceeded"),
+        (cycle(), "has no JSON form: Circular reference detected"),
+        ({(1, 2): "x"}, "has no JSON form: keys must be str"),
+    ],
+    ids=["past Python's stack", "a cycle", "a tuple key"],
+)
+async def test_an_output_json_cannot_write_still_closes_the_call(
+    h: Harness, output: Any, why: str
+) -> None:
+    """The call was left running after its side effect, and a later drive would have
+    run it again (or called it unknown)."""
+    row = await h.execute(h.spec(output))
 
     assert len(h.ran) == 1 and row.status == "succeeded"
     stored = await h.store.get_tool_call(row.tool_call_id)
     assert stored is not None and stored.status == "succeeded"
-    assert stored.output == {"not_kept": "the output nests too deep to be written as JSON"}
+    assert stored.output is not None and stored.output["not_kept"].startswith(f"the output {why}")
 
 
 async def test_an_error_text_no_store_keeps_is_kept_readable(h: Harness) -> None:
