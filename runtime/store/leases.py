@@ -38,6 +38,11 @@ FEW_TENANTS = 300
 (an index probe and a few rows apiece); past it, every waiting run (see
 ``LeaseQueries._ranking``). Measured with ``python -m bench.backlog``."""
 
+PROBED_AGENTS = 64
+"""Agents of a worker up to which a claim probes each tenant once per agent (one
+``UNION ALL`` arm apiece: SQLite takes at most 500). A worker hosting more reads all
+of each tenant's waiting runs, as a claim for every agent does."""
+
 SUSPECT_ROWS = "needs_drive = 1 AND (lease_owner IS NOT NULL OR takeovers > 0)"
 """The only waiting runs that can be suspects (the predicate of their partial index)."""
 
@@ -127,8 +132,9 @@ class LeaseQueries(StoreCore):
         waiting runs of each of ``agents``, and to be cancelled, from the index on
         (tenant_id, agent_id, updated_at, run_id), never the backlog behind them: a
         burst of a hundred thousand runs, of this worker's agents or another's, costs
-        a claim what ten do (with ``agents`` None, each tenant's waiting runs are
-        sorted: only tests and benchmarks claim for every agent). A
+        a claim what ten do (with ``agents`` None or past :data:`PROBED_AGENTS`, each
+        tenant's waiting runs are all read and sorted: only tests and benchmarks claim
+        for every agent). A
         tenant's run past the claim's whole ranking cannot be in it: as many of its own
         runs come first. With more tenants waiting, every waiting run is ranked, which
         costs what the backlog is: walking every tenant would cost more still where
@@ -167,7 +173,7 @@ class LeaseQueries(StoreCore):
         # Each tenant's first runs, one index probe per agent (in order within it), and
         # one for cancels of any other agent: their union holds the tenant's first
         # ``first_n`` ready runs, which the window below numbers.
-        if agents is None:
+        if agents is None or len(agents) > PROBED_AGENTS:  # ready() filters by agent
             probes = [("", "runs_waiting_agent")]
         else:
             probes = [

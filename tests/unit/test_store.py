@@ -19,7 +19,7 @@ from runtime.lifecycle import State, Trigger
 from runtime.model import Approval, BudgetLimits, PendingApproval, RunOptions, utcnow
 from runtime.store import leases
 from runtime.store.base import RunStore
-from runtime.store.leases import CLAIM_SPARE
+from runtime.store.leases import CLAIM_SPARE, PROBED_AGENTS
 from runtime.store.schema import MIGRATIONS, SchemaTooNew
 from runtime.store.sqlite import SqliteRunStore
 from tests.unit.conftest import MakeRun, build_run
@@ -562,6 +562,20 @@ async def test_claims_take_only_runs_of_the_workers_agents_or_cancels(
     assert await store.claim_runs("w1", 9, 30.0, agents={"writer-2.v1"}) == [(dotted.run_id, 1)]
     mine = await store.claim_runs("w2", 9, 30.0, agents={"test-agent", "nobody"})
     assert sorted(mine) == sorted((run.run_id, 1) for run in others)
+
+
+@pytest.mark.parametrize("hosted", [PROBED_AGENTS, PROBED_AGENTS + 1, 1000])
+async def test_a_worker_hosting_many_agents_claims_their_runs(
+    backend: object, make_run: MakeRun, ranking: str, hosted: int
+) -> None:
+    """Past PROBED_AGENTS a claim reads each tenant's runs of every agent: one probe
+    per agent was one arm of a compound SELECT apiece, and from 500 SQLite refused it
+    (the worker claimed nothing). Found by review."""
+    store = store_of(backend)
+    agents = {f"agent{i}" for i in range(hosted)}
+    mine = await make_run(store, agent_id=f"agent{hosted - 1}")
+    await make_run(store, agent_id="elsewhere")
+    assert await store.claim_runs("w1", 5, 30.0, agents=agents) == [(mine.run_id, 1)]
 
 
 async def test_claims_for_some_agents_keep_turns_and_age_past_another_agents_backlog(
