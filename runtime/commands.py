@@ -64,6 +64,8 @@ class RunCommands:
     """Whether a worker of this process keeps the leases of its drives alive."""
     _cancelling: set[str]
     """Runs whose drive is being stopped by a cancel."""
+    _stopped: bool
+    """Whether the shutdown's grace has ended (every drive is being stopped)."""
 
     def wake(self) -> None:
         """Tell the worker there may be a run to claim (the engine's)."""

@@ -12,7 +12,6 @@ ledger makes re-running that superstep safe.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -48,6 +47,10 @@ from runtime.retry import (
 from runtime.store.base import DriveStart, LeaseLost, RunStore
 
 log = logging.getLogger(__name__)
+
+UNWIND_S = 5.0
+"""How long a shutdown waits, past its grace, for cancelled drives to hand their runs
+back (a release, a cut-off call settled); longer, it stops without them."""
 
 
 def default_owner() -> str:
@@ -92,6 +95,8 @@ class Engine(GraphDriving):
         self.renews_leases = False
         """Set by the worker: without one, a lease this process takes is never renewed."""
         self._cancelling: set[str] = set()
+        self._stopped = False
+        """Set when the shutdown's grace has ended: no drive goes on to another node."""
         self.work = asyncio.Event()
         """Set when there may be a run to claim; the worker waits on it."""
         self.full = False
@@ -461,11 +466,25 @@ class Engine(GraphDriving):
         tasks += [t for unwinding in self._unwinding.values() for t in unwinding]
         if tasks and grace_s > 0:
             await asyncio.wait(tasks, timeout=grace_s)
+        # A drive whose cancel is swallowed (a planner, a tool) stops at its next node
+        # all the same, as for a user's cancel; one that does not get there within
+        # UNWIND_S is left behind, its lease to lapse: the process is stopping, and a
+        # drive that outlived the grace ran tools another process was taking over.
+        self._stopped = True
         # Earlier drives of a run driven again, still unwinding, too.
         for task in {d.task for d in self.drives.values()} | set(tasks):
             task.cancel()
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=UNWIND_S)
+            if stuck:
+                log.warning(
+                    "%d drive(s) did not stop within %.0f s of the shutdown's cancel; "
+                    "their leases lapse",
+                    len(stuck),
+                    UNWIND_S,
+                )
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: already logged by the drive
         # Those the database kept from their release: their leases lapse instead.
         await self.releases.stop()

@@ -101,11 +101,14 @@ class GraphDriving(RunCommands):
             drive.active_s = active_s
 
     def _unless_cancelled(self, run_id: str) -> None:
-        """Stop here if a cancel notice came: its ``task.cancel()`` can be swallowed by
-        the code it lands in (a tool, a driver mid-pipeline), and the graph would go on
-        to its next node, or park, as if nobody had asked."""
+        """Stop here if a cancel notice came, or the shutdown's grace has ended: its
+        ``task.cancel()`` can be swallowed by the code it lands in (a tool, a driver
+        mid-pipeline), and the graph would go on to its next node, or park, as if
+        nobody had asked."""
         if run_id in self._cancelling:
             raise asyncio.CancelledError(f"cancel of {run_id} requested")
+        if self._stopped:
+            raise asyncio.CancelledError("the shutdown's grace has ended")
 
     @functools.cached_property
     def unrecorded(self) -> Unrecorded:
