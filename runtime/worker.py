@@ -30,6 +30,7 @@ class Worker:
         self.concurrency = concurrency
         self.sweep_s = sweep_s if sweep_s is not None else min(1.0, engine.lease_s / 4)
         self._stopping = asyncio.Event()
+        self._stop: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -40,8 +41,21 @@ class Worker:
             asyncio.create_task(self._unfreeze_loop(), name="worker:unfreeze"),
         ]
 
+    def begin_stop(self, grace_s: float = 10.0) -> None:
+        """Start :meth:`stop` without waiting for it: its grace counts from now (a
+        server begins it as its HTTP side drains, not after: one slow request doubled
+        the shutdown)."""
+        if self._stop is None:
+            self._stop = asyncio.create_task(self._stopped(grace_s), name="worker:stop")
+
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Stop claiming, let current drives finish for ``grace_s``, release the rest."""
+        """Stop claiming, let current drives finish for ``grace_s``, release the rest
+        (the grace of the first call, where :meth:`begin_stop` came first)."""
+        self.begin_stop(grace_s)
+        assert self._stop is not None
+        await self._stop
+
+    async def _stopped(self, grace_s: float) -> None:
         self._stopping.set()
         self.engine.renews_leases = False  # take no more leases (a cancel's, say)
         self.engine.wake()

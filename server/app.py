@@ -36,7 +36,9 @@ def create_app(
             if settings.bootstraps_local_keys:
                 await ensure_local_keys(host.store, settings.data_dir)
             auth = Authenticator(settings, host.store)
-            app.state.services = Services(settings, host.store, host.engine, host.bus, auth)
+            app.state.services = Services(
+                settings, host.store, host.engine, host.bus, auth, worker=host.worker
+            )
             yield
 
     app = FastAPI(

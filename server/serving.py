@@ -58,6 +58,8 @@ class Server(uvicorn.Server):
             # connection to close: their answers say Connection: close.
             services.stopping.set()
             services.bus.publish_all()  # every event stream looks at it
+            if services.worker is not None:  # its grace and the requests' run together
+                services.worker.begin_stop(services.settings.shutdown_grace_s)
         await super().shutdown(sockets)
 
 

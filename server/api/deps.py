@@ -14,6 +14,7 @@ from runtime.errors import Code, RuntimeProblem
 from runtime.eventbus import EventBus
 from runtime.model import Run
 from runtime.store.base import RunStore
+from runtime.worker import Worker
 from server.auth import Principal
 from server.auth.authenticate import Authenticator, one_authorization
 from server.auth.principal import ADMIN
@@ -31,6 +32,8 @@ class Services:
     streams: StreamSlots = field(default_factory=StreamSlots)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the server begins to shut down: waiting requests answer at once."""
+    worker: Worker | None = None
+    """The process's worker, whose grace starts with the shutdown (None: none)."""
 
 
 def get_services(request: Request) -> Services:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import httpx
 import pytest
 
 from tests.agents import counter_lines
+from tests.auth import OPS
 from tests.integration.conftest import Processes, state_is
 from tests.integration.scale_out import create_run
 from tests.integration.server_proc import ServerProcess, WorkerProcess, wait_for_file
@@ -193,3 +195,37 @@ def test_a_server_whose_embedded_database_is_corrupt_exits(tmp_path: Path, data_
         assert "not a database" in server.log_text()
     finally:
         server.stop()
+
+
+@pytest.mark.postgres
+def test_a_server_stops_claiming_as_its_shutdown_begins_not_once_requests_have_drained(
+    pg_schema_url: str, data_dir: Path
+) -> None:
+    """The worker's stop came after uvicorn's: one slow request held the HTTP side for
+    its whole grace, and meanwhile the worker went on claiming runs, then had a grace
+    of its own (a probe saw 10 s of shutdown for a grace of 5)."""
+    env = {"AGENT_RUNTIME_SHUTDOWN_GRACE_S": "8", "AGENT_RUNTIME_LEASE_SECONDS": "600"}
+    stopping = ServerProcess(data_dir, pg_schema_url, **env).start()
+    api = ServerProcess(data_dir, pg_schema_url, no_worker=True, **env).start()
+    try:
+        # A request whose body comes a byte at a time: uvicorn waits for it to finish.
+        slow = socket.create_connection(("127.0.0.1", stopping.port))
+        head = "".join(f"{k}: {v}\r\n" for k, v in OPS.items())
+        slow.sendall(
+            f"POST /runs HTTP/1.1\r\nHost: x\r\n{head}Content-Type: application/json\r\n"
+            "Content-Length: 1000\r\n\r\n{".encode()
+        )
+        time.sleep(0.5)
+        assert stopping.proc is not None
+        stopping.proc.terminate()
+        time.sleep(1.0)  # the shutdown has begun; the slow request is still being read
+        slow.sendall(b" ")
+        with api.client() as http:
+            run_id = create_run(http, agent_id="slow_worker", input="sleep 0")
+            time.sleep(2.0)  # a worker claims at once (it is woken by the run's notice)
+            assert http.get(f"/runs/{run_id}").json()["state"] == "pending"
+        slow.close()
+        assert stopping.proc.wait(30) in (0, -15)
+    finally:
+        stopping.stop()
+        api.stop()
