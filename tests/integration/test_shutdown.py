@@ -204,7 +204,10 @@ def test_a_server_stops_claiming_as_its_shutdown_begins_not_once_requests_have_d
     """The worker's stop came after uvicorn's: one slow request held the HTTP side for
     its whole grace, and meanwhile the worker went on claiming runs, then had a grace
     of its own (a probe saw 10 s of shutdown for a grace of 5)."""
-    env = {"AGENT_RUNTIME_SHUTDOWN_GRACE_S": "8", "AGENT_RUNTIME_LEASE_SECONDS": "600"}
+    env: LongLeaseEnv = {
+        "AGENT_RUNTIME_SHUTDOWN_GRACE_S": "8",
+        "AGENT_RUNTIME_LEASE_SECONDS": "600",
+    }
     stopping = ServerProcess(data_dir, pg_schema_url, **env).start()
     api = ServerProcess(data_dir, pg_schema_url, no_worker=True, **env).start()
     try:
