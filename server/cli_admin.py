@@ -9,6 +9,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from server.cli_client import EXIT_ERROR as EXIT_USAGE
@@ -50,6 +51,13 @@ def run(
         return EXIT_USAGE
 
 
+def _has_bytes(path: Path) -> bool:
+    try:
+        return path.is_file() and path.stat().st_size > 0
+    except OSError:
+        return False
+
+
 def no_database(settings: Settings, command: str, what: str) -> bool:
     """Whether the embedded database is not there, said as ``what`` then is (a command
     that reads it must not open it: that makes an empty one, whose "nothing" would
@@ -58,7 +66,9 @@ def no_database(settings: Settings, command: str, what: str) -> bool:
     from server.settings import refused
 
     url = settings.resolved_database_url
-    if not url.startswith("sqlite:///") or sqlite_path(url).is_file():
+    # An empty file is no database either: a start refused after it took the file's
+    # lock leaves one, and SQLite would make a store in it.
+    if not url.startswith("sqlite:///") or _has_bytes(sqlite_path(url)):
         return False
     why = refused(settings.database_setting, f"no database at {sqlite_path(url)}")
     print(f"agent-runtime {command}: {why}: {what}", file=sys.stderr)

@@ -600,6 +600,17 @@ def test_a_read_of_a_database_that_is_not_there_is_refused_not_made(
         assert said in done.stderr, done.stderr
         assert not typo.exists()
 
+    # An empty file, as a start refused after taking the file's lock leaves (a probe):
+    # no database either, and left empty.
+    typo.mkdir()
+    empty = typo / ("runtme.db" if setting == "DATABASE_URL" else "runtime.db")
+    empty.touch()
+    done = subprocess.run(
+        [*CLI, "keys", "list"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "no database at" in done.stderr, done.stderr
+    assert empty.stat().st_size == 0
+
 
 def test_prune_deletes_the_runs_that_ended_long_enough_ago(server: ServerProcess) -> None:
     start(server)
