@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     max_tokens: int = Field(default=2_000_000, ge=1, le=MOST_TOKENS)
     max_cost_usd: float = Field(default=50.0, gt=0, le=MOST_COST_USD)
     max_timeout_s: float = Field(default=3600.0, gt=0, le=MOST_TIMEOUT_S)
-    sse_keepalive_s: float = Field(default=15.0, gt=0, le=3600)
+    sse_keepalive_s: float = Field(default=15.0, ge=0.1, le=3600)
     """An idle event stream sends a comment this often; at the same pace an open stream
     checks its caller's credential again and ends once it no longer holds."""
     lease_seconds: float = Field(default=30.0, ge=1.0, le=86_400)
@@ -104,7 +104,7 @@ class Settings(BaseSettings):
     """Takeovers of a run in a row (its worker died or stalled past the lease, and no
     step was checkpointed since the last) at which it is driven by a worker alone;
     killing that one too, it fails with RUN_CRASH_LOOP."""
-    drive_retry_seconds: float = Field(default=1.0, gt=0, le=3600)
+    drive_retry_seconds: float = Field(default=1.0, ge=0.01, le=3600)
     """The wait before driving such a run again; doubled after each further failure, up
     to a minute."""
     worker_concurrency: int = Field(default=8, ge=1, le=MOST_CONCURRENCY)
@@ -121,7 +121,9 @@ class Settings(BaseSettings):
     their events, ledger, checkpoints and the artifacts no other run names; each
     worker prunes every ``retention_interval_s``. Unset: kept forever (``agent-runtime
     prune`` deletes on demand)."""
-    retention_interval_s: float = Field(default=3600.0, gt=0, le=365 * 86_400)
+    retention_interval_s: float = Field(default=3600.0, ge=1.0, le=365 * 86_400)
+    """How often a worker prunes (at least a second: a pace of microseconds kept a
+    process busy doing nothing, 95 % of a core)."""
     metrics_token: SecretStr | None = None
     """Serve GET /metrics (Prometheus) to a scraper presenting this bearer token; unset,
     /metrics is 404. Not an API key: it reads counts across tenants, nothing else."""

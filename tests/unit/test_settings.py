@@ -25,6 +25,10 @@ from server.settings import Settings
         ("MAX_STREAMS_PER_PRINCIPAL", "0"),
         ("SSE_KEEPALIVE_S", "0"),
         ("SHUTDOWN_GRACE_S", "-1"),
+        # Paces that keep a process busy doing nothing (a probe: 95 % of a core idle).
+        ("RETENTION_INTERVAL_S", "0.000001"),
+        ("SSE_KEEPALIVE_S", "0.000001"),
+        ("DRIVE_RETRY_SECONDS", "0.000001"),
         # Unbounded: never taken over, not writable into a run (JSON has no Infinity),
         # past 64 bits (no checkpoint can hold it), a wait that never ends.
         ("LEASE_SECONDS", "inf"),
@@ -54,8 +58,10 @@ def test_the_defaults_and_the_smallest_working_values_are_taken(
     assert Settings().lease_seconds == 30.0
     for name, value in (("LEASE_SECONDS", "1"), ("WORKER_CONCURRENCY", "1"), ("MAX_STEPS", "1")):
         monkeypatch.setenv(f"AGENT_RUNTIME_{name}", value)
+    monkeypatch.setenv("AGENT_RUNTIME_RETENTION_INTERVAL_S", "1")
     settings = Settings()
     assert (settings.lease_seconds, settings.worker_concurrency, settings.max_steps) == (1, 1, 1)
+    assert settings.retention_interval_s == 1
 
 
 def test_a_variable_set_empty_means_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
