@@ -85,10 +85,16 @@ def reach_the_database(settings: Settings) -> None:
             # The store's own table: in the schema it creates its tables in (the first
             # of the search_path), not one of another application further along it.
             row = conn.execute(
-                "SELECT to_regclass(format('%I.schema_version', current_schema())) IS NOT NULL"
+                "SELECT current_schema() IS NOT NULL, to_regclass(format('%I.schema_version', "
+                "COALESCE(current_schema(), ''))) IS NOT NULL"
             ).fetchone()
+            if row and not row[0]:  # format('%I') of a NULL fails with a riddle instead
+                raise refused(
+                    settings.database_setting,
+                    "no schema on its search_path exists (create it, or name one that does)",
+                )
             version = None
-            if row and row[0]:
+            if row and row[1]:
                 found = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
                 version = found[0] if found else None
         except psycopg.Error as exc:

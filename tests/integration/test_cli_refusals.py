@@ -505,3 +505,13 @@ def test_the_version_names_the_schema_it_migrates_to(tmp_path: Path) -> None:
 
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"agent-runtime {version('agent-runtime')}, schema {len(MIGRATIONS)}\n"
+
+
+def test_a_search_path_naming_no_schema_that_exists_is_said_so(
+    tmp_path: Path, pg_base_url: str
+) -> None:
+    """It said "null values cannot be formatted as an SQL identifier" (a probe)."""
+    sep = "&" if "?" in pg_base_url else "?"
+    url = f"{pg_base_url}{sep}options=-csearch_path%3Dno_such_schema_here"
+    done = agent_runtime(tmp_path, "worker", AGENT_RUNTIME_DATABASE_URL=url)
+    assert_one_line_refusal(done, "no schema on its search_path exists")
