@@ -189,7 +189,11 @@ class RunCommands:
                 )
             finally:
                 self.taking_cancels -= 1
-            if version is not None:
+            if version is not None and not self.renews_leases:
+                # The worker stopped as the lease was taken: its shutdown is over, and a
+                # drive started now would run unwatched, its lease never renewed.
+                await self.store.give_back_claim(run_id, self.owner, version)
+            elif version is not None:
                 self.start_drive(run_id, version)
         self.wake()
         with contextlib.suppress(TimeoutError):

@@ -334,10 +334,14 @@ class Engine(GraphDriving):
             else:  # shutdown: hand the run to the next worker, from its checkpoint
                 how = "handed_back"
                 release = True
-                await asyncio.shield(flush_quietly(store))
-                # With the time its graph ran since the last renewal: not the run's to lose.
-                stopped = self._clock_reading(run_id)
-                await asyncio.shield(self.releases.release(run_id, version, True, active_s=stopped))
+                try:
+                    await asyncio.shield(flush_quietly(store))
+                finally:  # a cancel notice landing here must not keep the lease (review)
+                    # With the time its graph ran since the last renewal: not the run's.
+                    stopped = self._clock_reading(run_id)
+                    await asyncio.shield(
+                        self.releases.release(run_id, version, True, active_s=stopped)
+                    )
                 raise
         except TRANSIENT_DB_ERRORS as exc:
             if run_id in self._cancelling and not carries_cancel:
