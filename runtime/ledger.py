@@ -30,7 +30,7 @@ from runtime.recording import Finished, Recording
 from runtime.scrubbing import scrub as scrub
 from runtime.scrubbing import secret_values as secret_values
 from runtime.services import NodeStore, close_call
-from runtime.storable import nests_deeper, plain_json, utf8
+from runtime.storable import nests_deeper, plain_json
 from runtime.tooling import (
     ArtifactSink,
     ToolContext,
@@ -124,7 +124,7 @@ async def _finish(
             # keeps, after the tool ran. The call is closed all the same (left running,
             # a later drive would run it again or call it unknown).
             why = "nests too deep" if isinstance(exc, RecursionError) else "has no JSON form"
-            output, deep = {"not_kept": f"the output {why}: {utf8(str(exc))[:200]}"}, False
+            output, deep = {"not_kept": f"the output {why}: {str(exc)[:200]}"}, False
             output, encoded = plain_json(output)
         if deep or len(encoded) > INLINE_OUTPUT_BYTES:
             # Clipped: tool names are the registry's, which has no bound on them.

@@ -176,10 +176,9 @@ class LeaseQueries(StoreCore):
         if agents is None or len(agents) > PROBED_AGENTS:  # ready() filters by agent
             probes = [("", "runs_waiting_agent")]
         else:
-            probes = [
-                (f" AND {{r}}.agent_id = {agent}", "runs_waiting_agent") for agent in quoted(agents)
-            ]
-            others = f" AND {{r}}.agent_id NOT IN ({', '.join(quoted(agents))})" if agents else ""
+            literals = quoted(agents)
+            probes = [(f" AND {{r}}.agent_id = {a}", "runs_waiting_agent") for a in literals]
+            others = f" AND {{r}}.agent_id NOT IN ({', '.join(literals)})" if literals else ""
             probes.append((f" AND {{r}}.cancel_requested IS NOT NULL{others}", "runs_cancelling"))
 
         def first(runs: str, columns: str, which: str, index: str) -> str:
