@@ -97,6 +97,8 @@ class Engine(GraphDriving):
         self._cancelling: set[str] = set()
         self._stopped = False
         """Set when the shutdown's grace has ended: no drive goes on to another node."""
+        self._hurried = asyncio.Event()
+        """Set by :meth:`hurry`: the shutdown's grace ends now."""
         self.work = asyncio.Event()
         """Set when there may be a run to claim; the worker waits on it."""
         self.full = False
@@ -463,13 +465,20 @@ class Engine(GraphDriving):
             dedupe_key=f"worker-lost:{version}",
         )
 
+    def hurry(self) -> None:
+        """End the shutdown's grace now, or as it begins (an operator's second signal):
+        the drives still running are cancelled and hand their runs back at once, as
+        they would when the grace ran out."""
+        self._hurried.set()
+
     async def shutdown(self, grace_s: float = 0.0) -> None:
-        """Let drives finish for ``grace_s``, then hand the rest back from their checkpoints."""
+        """Let drives finish for ``grace_s`` (or until :meth:`hurry`), then hand the rest
+        back from their checkpoints."""
         self.releases.shutting_down = True
         tasks = [d.task for d in self.drives.values()]
         tasks += [t for unwinding in self._unwinding.values() for t in unwinding]
         if tasks and grace_s > 0:
-            await asyncio.wait(tasks, timeout=grace_s)
+            await self._within_grace(tasks, grace_s)
         # A drive whose cancel is swallowed (a planner, a tool) stops at its next node
         # all the same, as for a user's cancel; one that does not get there within
         # UNWIND_S is left behind, its lease to lapse: the process is stopping, and a
@@ -492,3 +501,16 @@ class Engine(GraphDriving):
                 task.exception()  # retrieved: already logged by the drive
         # Those the database kept from their release: their leases lapse instead.
         await self.releases.stop()
+
+    async def _within_grace(self, tasks: list[asyncio.Task[None]], grace_s: float) -> None:
+        """Until every task has ended, the grace has, or :meth:`hurry` is called."""
+        # Waiting on a wait: cancelled, it leaves the drives themselves alone.
+        ended = asyncio.ensure_future(asyncio.wait(tasks))
+        hurried = asyncio.ensure_future(self._hurried.wait())
+        try:
+            await asyncio.wait(
+                {ended, hurried}, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            ended.cancel()
+            hurried.cancel()

@@ -48,6 +48,10 @@ class Worker:
         if self._stop is None:
             self._stop = asyncio.create_task(self._stopped(grace_s), name="worker:stop")
 
+    def hurry(self) -> None:
+        """End the stop's grace now, or as it begins (see ``Engine.hurry``)."""
+        self.engine.hurry()
+
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop claiming, let current drives finish for ``grace_s``, release the rest
         (the grace of the first call, where :meth:`begin_stop` came first)."""

@@ -100,10 +100,28 @@ async def _run_worker(
 
     sock = None if metrics_at is None else listen(*metrics_at)
     stop = asyncio.Event()
+    signals = 0
+    hurry: list[Callable[[], None]] = []  # the worker's, once it is up
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        stop.set()
+        if signals == 2:  # a second signal: stop now (see Engine.hurry)
+            logging.getLogger(__name__).warning(
+                "a second signal: stopping now; runs in flight are handed back"
+            )
+            for hurried in hurry:
+                hurried()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     async with open_host(settings, agents, run_worker=True) as host:
+        if host.worker is not None:
+            hurry.append(host.worker.hurry)
+            if signals >= 2:
+                host.worker.hurry()
         probes = None
         if sock is not None:
             app = probe_app(settings, host.store, host.engine)

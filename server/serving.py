@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -12,6 +14,8 @@ from uvicorn.config import STARTUP_FAILURE
 from server.api.trace import LogGone
 from server.settings import Settings
 from server.wire import PROTOCOLS
+
+logger = logging.getLogger("uvicorn.error")
 
 
 class PrunedTraceIsNoError(logging.Filter):
@@ -44,8 +48,27 @@ class Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
         self.app = app
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        again = self.should_exit
+        super().handle_exit(sig, frame)
+        if again:
+            # A second signal, SIGTERM as well as uvicorn's SIGINT: stop now. Requests
+            # are no longer waited for, and the worker's grace ends: its drives hand
+            # their runs back from their checkpoints at once, as when the grace runs out.
+            self.force_exit = True
+            if self._loop is not None:  # (a signal handler: the loop's thread, not in it)
+                self._loop.call_soon_threadsafe(self._hurry)
+
+    def _hurry(self) -> None:
+        logger.warning("a second signal: stopping now; runs in flight are handed back")
+        services = getattr(self.app.state, "services", None)
+        if services is not None and services.worker is not None:
+            services.worker.hurry()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
         if self.started and sockets:
             # uvicorn says where it listens only for a socket it bound itself.
@@ -61,6 +84,11 @@ class Server(uvicorn.Server):
             if services.worker is not None:  # its grace and the requests' run together
                 services.worker.begin_stop(services.settings.shutdown_grace_s)
         await super().shutdown(sockets)
+        shut = getattr(self.lifespan, "shutdown_event", None)
+        if self.force_exit and shut is not None and not shut.is_set():
+            # uvicorn skips the app's shutdown when forced; ours hands the runs back and
+            # closes the database, which is quick once hurried.
+            await self.lifespan.shutdown()
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -61,6 +61,57 @@ def test_sigterm_hands_running_runs_to_the_next_process(pg_schema_url: str, data
         second.stop()
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("command", "first", "second"),
+    [
+        ("serve", signal.SIGTERM, signal.SIGTERM),
+        ("serve", signal.SIGINT, signal.SIGTERM),
+        ("worker", signal.SIGTERM, signal.SIGINT),
+    ],
+    ids=["serve_term_term", "serve_int_term", "worker_term_int"],
+)
+def test_a_second_signal_ends_the_grace_and_hands_the_runs_back_at_once(
+    pg_schema_url: str,
+    data_dir: Path,
+    processes: Processes,
+    command: str,
+    first: signal.Signals,
+    second: signal.Signals,
+) -> None:
+    """An operator who signals again wants the process gone: it waited out the whole
+    grace (here longer than the test) whatever came after the first signal."""
+    env: LongLeaseEnv = {
+        "AGENT_RUNTIME_LEASE_SECONDS": "600",
+        "AGENT_RUNTIME_SHUTDOWN_GRACE_S": "600",
+    }
+    api = processes.add(ServerProcess(data_dir, pg_schema_url, no_worker=True, **env)).start()
+    stopping: ServerProcess | WorkerProcess
+    if command == "serve":
+        stopping = processes.add(ServerProcess(data_dir, pg_schema_url, **env)).start()
+    else:
+        stopping = processes.add(WorkerProcess(data_dir, pg_schema_url, **env)).start()
+    with api.client() as http:
+        run_id = create_run(http, agent_id="slow_worker", input="sleep 100")
+    wait_for_file(data_dir / "sleep.log")  # driven by ``stopping``, inside the sleep
+    assert stopping.proc is not None
+    stopping.proc.send_signal(first)
+    time.sleep(2.0)
+    assert stopping.proc.poll() is None, "the first signal alone ends the grace"
+    stopping.proc.send_signal(second)
+    assert stopping.proc.wait(60) in (0, -15)
+    assert "Traceback" not in stopping.log_text()
+    assert "a second signal: stopping now" in stopping.log_text()
+    # Handed back, not left to a lease of ten minutes: the next worker drives it at once.
+    processes.add(WorkerProcess(data_dir, pg_schema_url, TEST_SLEEP_OVERRIDE="0.05")).start()
+    api.follow(run_id, state_is("succeeded", "failed"))
+    with api.client() as http:
+        assert http.get(f"/runs/{run_id}").json()["state"] == "succeeded"
+        calls = http.get(f"/runs/{run_id}/tool-calls").json()
+    assert [c["tool"] for c in calls] == ["counter", "sleep"]
+    assert len(counter_lines(data_dir)) == 1
+
+
 def test_cancel_on_a_server_stops_the_run_in_the_worker_that_holds_it(
     pg_schema_url: str, data_dir: Path, processes: Processes
 ) -> None:
