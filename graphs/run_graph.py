@@ -10,6 +10,7 @@ with none.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Literal
 from weakref import WeakKeyDictionary
 
@@ -22,12 +23,12 @@ from nodes.finish import make_finish_node
 from nodes.guard import make_guard_node
 from nodes.handoff import ROOT, dispatch, make_handback_node, make_handoff_node
 from nodes.planner import make_planner_node
-from runtime.agent import SubAgent
+from runtime.agent import AgentSpec, SubAgent
 from runtime.context import Context
 from runtime.planner import Planner
 from runtime.policy import Policy
 from runtime.state import InputState, RunState
-from runtime.tooling import ToolResolver
+from runtime.tooling import ChainedTools, ToolResolver
 
 RunGraphBuilder = StateGraph[RunState, Context, InputState, RunState]
 
@@ -103,6 +104,20 @@ def handoff_map(builder: object, own_id: str) -> dict[str, list[str]]:
         (agent_id or own_id): sorted(t.agent_id for t in agent.handoffs)
         for agent_id, agent in hosted.items()
     }
+
+
+def with_hosted_tools(spec: AgentSpec) -> AgentSpec:
+    """``spec``, its tools also resolving those of the agents its graph hosts.
+
+    A run's cancel, time-out or crash loop settles and compensates the calls of its
+    ledger through the agent's tools (``AgentSpec.tools``), its sub-agents' calls too:
+    a spec registered with its own tools only left a sub-agent's side effects
+    uncompensated, without a word. Its own tools come first, as a run's own calls do."""
+    hosted = _HOSTED.get(spec.builder) if isinstance(spec.builder, StateGraph) else None
+    extra = [a.tools for a in (hosted or {}).values() if a.tools is not spec.tools]
+    if not extra:
+        return spec
+    return replace(spec, tools=ChainedTools(spec.tools, *extra))
 
 
 def hosted_agents(root: SubAgent) -> dict[str, SubAgent]:

@@ -98,11 +98,13 @@ def make_handoff_node(targets: Mapping[str, set[str]], root: str) -> NodeFn:
         stack = list(state.get("handoff_stack") or [])
         frame = top(state)
         current = root if frame is None else str(frame["agent_id"])
+        # On the record by its name: a graph built without one (ROOT) is its run's agent.
+        named = current or ctx.agent_id or ROOT
         target = decision.handoff.agent_id
         hid = ids.handoff_id(ctx.run_id, step)
         problem: tuple[Code, str] | None = None
         if target not in targets.get(current, set()):
-            problem = Code.AGENT_NOT_FOUND, f"{current or 'this agent'} cannot hand off to {target}"
+            problem = Code.AGENT_NOT_FOUND, f"{named or 'this agent'} cannot hand off to {target}"
         elif len(stack) >= MAX_DEPTH:
             problem = Code.AGENT_NOT_FOUND, f"handoff depth {MAX_DEPTH} reached"
         if problem is not None:
@@ -129,7 +131,7 @@ def make_handoff_node(targets: Mapping[str, set[str]], root: str) -> NodeFn:
         pushed = {
             "handoff_id": hid,
             "agent_id": target,
-            "from_agent": current,
+            "from_agent": named,
             "task": decision.handoff.task,
             "data": decision.handoff.data,
             "step_index": step,
@@ -147,7 +149,7 @@ def make_handoff_node(targets: Mapping[str, set[str]], root: str) -> NodeFn:
                 "args": summarize({"task": decision.handoff.task, "data": decision.handoff.data}),
                 "handoff": {
                     "phase": "start",
-                    "from_agent": current,
+                    "from_agent": named,
                     "to_agent": target,
                     "step_index": step,
                     "depth": len(stack) + 1,

@@ -19,8 +19,9 @@ class AgentSpec:
     builder: Any
     """An uncompiled StateGraph over runtime.state.RunState with runtime.context.Context."""
     tools: ToolResolver
-    """Every tool a run of this agent may execute, its sub-agents' included: compensation
-    on cancel resolves the ledger's rows through it."""
+    """The agent's own tools. A cancel's compensation (and a cut-off call's reconcile)
+    resolves the ledger's rows through them, and through the tools of the agents its
+    graph hosts, which the server adds (``graphs.run_graph.with_hosted_tools``)."""
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -129,3 +129,24 @@ class ToolResolver(Protocol):
     def resolve(self, name: str, version: str | None = None) -> ToolSpec | None: ...
 
     def specs(self) -> list[ToolSpec]: ...
+
+
+class ChainedTools:
+    """Several resolvers as one: a tool is the first's that knows it."""
+
+    def __init__(self, *resolvers: ToolResolver) -> None:
+        self._resolvers = resolvers
+
+    def resolve(self, name: str, version: str | None = None) -> ToolSpec | None:
+        for resolver in self._resolvers:
+            spec = resolver.resolve(name, version)
+            if spec is not None:
+                return spec
+        return None
+
+    def specs(self) -> list[ToolSpec]:
+        seen: dict[tuple[str, str], ToolSpec] = {}
+        for resolver in self._resolvers:
+            for spec in resolver.specs():
+                seen.setdefault((spec.name, spec.version), spec)
+        return list(seen.values())

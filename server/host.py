@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
+from graphs.run_graph import with_hosted_tools
 from runtime.agent import AgentSpec
 from runtime.backend import open_backend
 from runtime.engine import Engine
@@ -56,7 +57,8 @@ async def _open_host(
     settings: Settings, agents: Mapping[str, AgentSpec] | None, *, run_worker: bool
 ) -> AsyncIterator[Host]:
     url = settings.resolved_database_url
-    hosted = dict(agents) if agents is not None else load_agents(settings)
+    loaded = dict(agents) if agents is not None else load_agents(settings)
+    hosted = {agent_id: with_hosted_tools(spec) for agent_id, spec in loaded.items()}
     backend = await open_backend(url, pool_size=settings.db_pool_size)
     try:
         if backend.store.dialect == "sqlite":

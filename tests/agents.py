@@ -404,6 +404,7 @@ def sub_agents(tools: ToolRegistry) -> tuple[SubAgent, ...]:
 
 def build_agents(settings: Settings) -> list[AgentSpec]:
     tools = build_tools(settings.data_dir)
+    narrow = ToolRegistry(s for s in tools.specs() if s.name == "echo")
     return [
         AgentSpec(
             agent_id=name,
@@ -418,6 +419,14 @@ def build_agents(settings: Settings) -> list[AgentSpec]:
             description=SwallowingPlanner.__doc__ or "swallower",
             builder=build_run_graph(SwallowingPlanner(), tools, DefaultPolicy()),
             tools=tools,
+        ),
+        AgentSpec(
+            agent_id="narrow_delegator",
+            description="delegator, built without an id and registered with its own tool only",
+            builder=build_run_graph(
+                ScriptPlanner(delegator), narrow, DefaultPolicy(), handoffs=sub_agents(tools)
+            ),
+            tools=narrow,
         ),
         AgentSpec(
             agent_id="delegator",

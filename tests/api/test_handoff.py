@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from tests.agents import counter_lines
 from tests.api.conftest import Api, states
 from tools.retail import count_outbox
@@ -243,8 +245,28 @@ async def test_report_writer_runs_on_its_own(api: Api) -> None:
     assert handoffs(await api.events(run["run_id"])) == []
 
 
-async def test_cancel_inside_the_sub_agent_compensates_its_side_effects(api: Api) -> None:
-    run = await api.create(agent_id="delegator", input="slow_worker sleep 30")
+async def test_a_graph_built_without_an_id_hands_off_under_its_agent_s_name(api: Api) -> None:
+    """The record said "" handed off (the graph's key for its own agent) where the steps,
+    /agents and the planner context named the agent."""
+    run = await api.create(agent_id="narrow_delegator", input="slow_worker sleep 0.01")
+    final = await api.settle(run["run_id"])
+    assert final["state"] == "succeeded", final
+    record = await trace(api, run["run_id"])
+    assert handoffs(record["events"]) == [
+        ("start", "narrow_delegator", "slow_worker"),
+        ("return", "slow_worker", "narrow_delegator"),
+    ]
+    deciders = [s["decision"]["agent_id"] for s in record["steps"]]
+    assert deciders[0] == deciders[-1] == "narrow_delegator"
+
+
+# narrow_delegator is registered with its own tool only, not its sub-agents': their
+# side effects were left uncompensated without a word.
+@pytest.mark.parametrize("agent", ["delegator", "narrow_delegator"])
+async def test_cancel_inside_the_sub_agent_compensates_its_side_effects(
+    api: Api, agent: str
+) -> None:
+    run = await api.create(agent_id=agent, input="slow_worker sleep 30")
     run_id = run["run_id"]
     await api.wait_event(run_id, lambda e: e["type"] == "action" and e["data"]["tool"] == "sleep")
     resp = await api.client.post(
