@@ -282,7 +282,7 @@ async def read_times(url: str, target: str, dialect: str, count: int) -> dict[st
                 tenant_id="t0", states=["succeeded"], cursor=deep
             ),
             f"runs of another agent ({RARE})": lambda: store.list_runs(
-                tenant_id="t0", agent_id="rare"
+                tenant_id="t0", agent_ids=["rare"]
             ),
             f"approvals pending ({RARE})": lambda: store.list_approvals(
                 tenant_id="t0", status="pending"

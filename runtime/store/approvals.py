@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from runtime.errors import Code, RuntimeProblem
@@ -64,13 +65,14 @@ class ApprovalQueries(StoreCore):
         limit: int = 100,
     ) -> list[Approval]:
         """Oldest first, as the inbox pages them."""
-        rows, _ = await self._approval_rows(status, run_id, tenant_id, limit, None)
+        statuses = [status] if status else []
+        rows, _ = await self._approval_rows(statuses, run_id, tenant_id, limit, None)
         return [Approval.model_validate(_dec(r)) for r in rows]
 
     async def page_approvals(
         self,
         *,
-        status: str | None = None,
+        statuses: Sequence[str] = (),
         run_id: str | None = None,
         tenant_id: str | None = None,
         limit: int = 100,
@@ -78,16 +80,17 @@ class ApprovalQueries(StoreCore):
     ) -> tuple[list[ShownApproval], str | None]:
         """An inbox's page, oldest first (it is worked through from its oldest), each row
         that no longer validates in its unreadable form (one must not make the page a
-        500); the cursor of the next page, None on the last one. Pending approvals are
-        those a human may still decide: not those of a run whose cancel was accepted."""
+        500); the cursor of the next page, None on the last one. ``statuses``: approvals
+        in any of them (none: in any). Pending approvals are those a human may still
+        decide: not those of a run whose cancel was accepted."""
         rows, next_cursor = await self._approval_rows(
-            status, run_id, tenant_id, limit, cursor, decidable=status == "pending"
+            statuses, run_id, tenant_id, limit, cursor, decidable="pending" in statuses
         )
         return shown(rows, Approval, UnreadableApproval), next_cursor
 
     async def _approval_rows(
         self,
-        status: str | None,
+        statuses: Sequence[str],
         run_id: str | None,
         tenant_id: str | None,
         limit: int,
@@ -106,14 +109,11 @@ class ApprovalQueries(StoreCore):
                 "AND runs.tenant_id = ?)"
             )
             params.append(tenant_id)
-        if status:
-            where.append("status = ?")
-            params.append(status)
         if decidable:
             # Not offered while the cancel waits for a worker to expire them.
             where.append(
-                "NOT EXISTS (SELECT 1 FROM runs WHERE runs.run_id = approvals.run_id "
-                "AND runs.cancel_requested IS NOT NULL)"
+                "(status <> 'pending' OR NOT EXISTS (SELECT 1 FROM runs "
+                "WHERE runs.run_id = approvals.run_id AND runs.cancel_requested IS NOT NULL))"
             )
         if run_id:
             where.append("run_id = ?")
@@ -127,6 +127,7 @@ class ApprovalQueries(StoreCore):
             limit=limit,
             cursor=cursor,
             runs=False,
+            any_of=[("status", sorted(set(statuses)))],
         )
 
     async def decide_approval(

@@ -194,19 +194,16 @@ class RunStore(
         self,
         *,
         states: Sequence[str] = (),
-        agent_id: str | None = None,
+        agent_ids: Sequence[str] = (),
         tenant_id: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> tuple[list[Run], str | None]:
-        """``states``: runs in any of them (none: in any state)."""
+        """``states``, ``agent_ids``: runs in any of them (none: any)."""
         where, params = ["1 = 1"], []
         if tenant_id is not None:
             where.append("tenant_id = ?")
             params.append(tenant_id)
-        if agent_id:
-            where.append("agent_id = ?")
-            params.append(agent_id)
         rows, next_cursor = await keyset_page(
             self,
             "runs",
@@ -216,7 +213,7 @@ class RunStore(
             limit=limit,
             cursor=cursor,
             newest_first=True,
-            any_of=("state", sorted(set(states))),
+            any_of=[("state", sorted(set(states))), ("agent_id", sorted(set(agent_ids)))],
         )
         return [Run.model_validate(_dec(r)) for r in rows], next_cursor
 

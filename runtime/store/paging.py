@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -23,14 +24,14 @@ async def keyset_page(
     cursor: str | None,
     newest_first: bool = False,
     runs: bool = True,
-    any_of: tuple[str, Sequence[Any]] = ("", ()),
+    any_of: Sequence[tuple[str, Sequence[Any]]] = (),
 ) -> tuple[list[Row], str | None]:
     """One page of ``table``'s rows matching ``where``, in ``keys`` order (a time,
     then a unique key), by keyset (a row written meanwhile never shifts a page); the
     next page's cursor, tagged with the table (None: the last page). ``runs``: as
-    for :meth:`StoreCore.read`. ``any_of``: a column and the values it may hold, each read
-    from its own index range in order and merged (an IN list made both dialects
-    filter the whole time index, or sort every match, for a page)."""
+    for :meth:`StoreCore.read`. ``any_of``: columns and the values each may hold, each
+    combination read from its own index range in order and merged (an IN list made
+    both dialects filter the whole time index, or sort every match, for a page)."""
     first, second = keys
     op, order = ("<", "DESC") if newest_first else (">", "ASC")
     if cursor:
@@ -43,15 +44,16 @@ async def keyset_page(
         # range of the index, where the OR was a filter on every row before it.
         where = [*where, f"({first}, {second}) {op} (?, ?)"]
         params = [*params, at, key]
-    column, values = any_of
+    filters = [(column, values) for column, values in any_of if values]
+    combos = list(itertools.product(*(values for _, values in filters)))
     ordered = f"ORDER BY {first} {order}, {second} {order} LIMIT ?"
-    conditions = " AND ".join([*where, f"{column} = ?"] if values else where)
+    conditions = " AND ".join([*where, *(f"{column} = ?" for column, _ in filters)])
     sql = f"SELECT * FROM {table} WHERE {conditions} {ordered}"
-    args = [*params, *values, limit + 1]
-    if len(values) > 1:
-        branches = " UNION ALL ".join(f"SELECT * FROM ({sql}) AS b{i}" for i in range(len(values)))
+    args = [*params, *combos[0], limit + 1]
+    if len(combos) > 1:
+        branches = " UNION ALL ".join(f"SELECT * FROM ({sql}) AS b{i}" for i in range(len(combos)))
         sql = f"SELECT * FROM ({branches}) AS merged {ordered}"
-        args = [a for v in values for a in (*params, v, limit + 1)] + [limit + 1]
+        args = [a for combo in combos for a in (*params, *combo, limit + 1)] + [limit + 1]
     async with store.read(runs=runs) as tx:
         rows = await tx.fetchall(sql, args)
     if len(rows) <= limit:

@@ -88,6 +88,13 @@ async def test_alias_post_run_and_listing(api: Api) -> None:
         either = (await api.client.get("/runs", params={"state": states})).json()["items"]
         assert {r["run_id"] for r in either} == {r["run_id"] for r in done}
     assert (await api.client.get("/runs", params={"state": "failed"})).json()["items"] == []
+    # So is an agent (it was the last one given too).
+    other = (await api.create(agent_id="wanderer", input="x"))["run_id"]
+    for agents in (["typo_fixer", "wanderer"], ["wanderer", "typo_fixer"]):
+        page = (await api.client.get("/runs", params={"agent_id": agents})).json()
+        assert {r["run_id"] for r in page["items"]} == {*seen, other}
+    too_long = await api.client.get("/runs", params={"agent_id": ["a", "b" * 101]})
+    assert too_long.status_code == 422, too_long.text
 
 
 async def test_an_empty_key_is_refused(api: Api) -> None:

@@ -57,6 +57,26 @@ async def test_the_approval_inbox_pages_oldest_first(api: Api) -> None:
     assert next_url(await api.client.get("/approvals")) is None
 
 
+async def test_the_inbox_lists_approvals_in_any_state_given(api: Api) -> None:
+    """``state`` given more than once: any of them, paged in one order (it took the last)."""
+    (r1, approved, _), (r2, rejected, _), (_, pending, _) = [
+        await parked_demo_run(api) for _ in range(3)
+    ]
+    assert (await api.decide(r1, approved, "approve")).status_code == 202
+    assert (await api.decide(r2, rejected, "reject")).status_code == 202
+
+    async def listed(*states: str) -> list[str]:
+        query = "&".join(f"state={s}" for s in states)
+        pages = await follow(api, f"/approvals?limit=1&{query}")
+        return [a["approval_id"] for p in pages for a in p]
+
+    assert await listed("approved", "rejected") == [approved, rejected]
+    assert await listed("rejected", "pending", "approved") == [approved, rejected, pending]
+    assert await listed("pending") == [pending]
+    whole = (await api.client.get("/approvals")).json()  # pending, unless asked otherwise
+    assert [a["approval_id"] for a in whole] == [pending]
+
+
 async def test_a_bad_cursor_is_a_422(api: Api) -> None:
     problem(await api.client.get("/approvals?cursor=not-a-cursor"), 422, "VALIDATION_ERROR")
 

@@ -262,6 +262,7 @@ async def test_list_runs_pages_through_every_run_once(backend: object) -> None:
         {"state": "succeeded"},
         {"tenant_id": "t1", "state": "succeeded", "agent_id": "other"},
         {"tenant_id": "t1", "state": "succeeded|waiting_human"},  # any of them
+        {"agent_id": "other|test-agent", "state": "failed|waiting_human"},  # any of each
     ],
 )
 async def test_filtered_pages_come_newest_first_each_run_once(
@@ -293,13 +294,16 @@ async def test_filtered_pages_come_newest_first_each_run_once(
         )
     ]
     assert wanted  # the filter matches something
-    states = where.get("state", "").split("|") if "state" in where else []
-    others = {k: v for k, v in where.items() if k != "state"}
+    states = where["state"].split("|") if "state" in where else []
+    agents = where["agent_id"].split("|") if "agent_id" in where else []
+    tenant = where.get("tenant_id")
 
     seen: list[str] = []
     cursor: str | None = None
     while True:
-        runs, cursor = await store.list_runs(limit=1, cursor=cursor, states=states, **others)
+        runs, cursor = await store.list_runs(
+            limit=1, cursor=cursor, states=states, agent_ids=agents, tenant_id=tenant
+        )
         seen += [r.run_id for r in runs]
         if cursor is None:
             break
@@ -469,7 +473,7 @@ async def test_a_run_whose_cancel_was_accepted_takes_no_decision(
     still = await store.get_run(run.run_id)
     assert still is not None and still.state is State.WAITING_HUMAN
     # Nor is it offered in the inbox meanwhile; its own run's list still shows it.
-    inbox, _ = await store.page_approvals(status="pending")
+    inbox, _ = await store.page_approvals(statuses=["pending"])
     assert approval.approval_id not in [a.approval_id for a in inbox]
     listed, _ = await store.page_approvals(run_id=run.run_id)
     assert [a.approval_id for a in listed] == [approval.approval_id]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -29,6 +29,8 @@ from server.api.waiting import (
 )
 from server.auth.principal import APPROVER
 
+APPROVAL_STATUSES = get_args(ApprovalStatus)
+
 router = APIRouter(tags=["approvals"])
 
 
@@ -49,7 +51,7 @@ async def list_approvals(
     response: Response,
     store: StoreDep,
     principal: PrincipalDep,
-    state: ApprovalStatus | None = "pending",
+    state: Annotated[list[ApprovalStatus] | None, Query(max_length=len(APPROVAL_STATUSES))] = None,
     run_id: Annotated[str | None, Query(max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=500), DIGITS] = 100,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
@@ -57,9 +59,14 @@ async def list_approvals(
     """Oldest first. A fuller inbox than ``limit`` says where its next page is in a
     ``Link: <…>; rel="next"`` header (RFC 8288), the list itself staying a list. An
     approval whose stored row no longer validates is listed marked, ``"unreadable":
-    true``, by its keys and status as stored."""
+    true``, by its keys and status as stored. ``state`` (``pending`` if not given),
+    given more than once: approvals in any of them (it took the last one given)."""
     page, next_cursor = await store.page_approvals(
-        status=state, run_id=run_id, tenant_id=principal.tenant_id, limit=limit, cursor=cursor
+        statuses=state or ["pending"],
+        run_id=run_id,
+        tenant_id=principal.tenant_id,
+        limit=limit,
+        cursor=cursor,
     )
     if next_cursor is not None:
         response.headers["Link"] = next_link(request, cursor=next_cursor)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StringConstraints
 
 from nodes.handoff import scoped, top
 from runtime.errors import Code, RuntimeProblem
@@ -183,20 +183,24 @@ def context_for(body: RunCreate, principal: Principal) -> RunContext:
     )
 
 
+AgentIdFilter = Annotated[str, StringConstraints(min_length=1, max_length=100)]
+MAX_AGENT_FILTERS = 20
+
+
 @router.get("/runs", response_model=Page[Run], responses=problem_responses(*AUTHENTICATED))
 async def list_runs(
     store: StoreDep,
     principal: PrincipalDep,
     state: Annotated[list[State] | None, Query(max_length=len(State))] = None,
-    agent_id: Annotated[str | None, Query(min_length=1, max_length=100)] = None,
+    agent_id: Annotated[list[AgentIdFilter] | None, Query(max_length=MAX_AGENT_FILTERS)] = None,
     limit: Annotated[int, Query(ge=1, le=200), DIGITS] = 50,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
 ) -> Page[Run]:
-    """Newest first; ``state`` given more than once: runs in any of them (it took the
-    last one given)."""
+    """Newest first; ``state`` or ``agent_id`` given more than once: runs in any of
+    them (each took the last one given)."""
     runs, next_cursor = await store.list_runs(
         states=[s.value for s in state or ()],
-        agent_id=agent_id,
+        agent_ids=agent_id or (),
         tenant_id=principal.tenant_id,
         limit=limit,
         cursor=cursor,
