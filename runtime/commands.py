@@ -55,6 +55,7 @@ class RunCommands:
     """The drives this process runs, by run."""
     graphs: Mapping[str, Any]
     """The compiled graph of each agent (compiled by the engine, with its checkpointer)."""
+    default_agent: str
     lease_s: float
     owner: str
     retry: DriveRetry
@@ -248,11 +249,12 @@ class RunCommands:
     # -- reading --------------------------------------------------------------
 
     def _graph(self, run: Run) -> Any:
-        """The run's compiled graph; a run whose agent is no longer hosted is a 422."""
-        graph = self.graphs.get(run.agent_id)
-        if graph is None:
-            raise RuntimeProblem(Code.AGENT_NOT_FOUND, f"agent {run.agent_id!r} is not hosted here")
-        return graph
+        """The compiled graph that reads the run's checkpoints: its agent's, or where this
+        process does not host that agent (retired, or another server's), the default
+        agent's. Every run graph's state is a RunState (``AgentSpec.builder``), so its
+        values read the same, and a graph of ``build_run_graph`` names its nodes as any
+        other does. The checkpoint is part of a run's record: it was a 422."""
+        return self.graphs.get(run.agent_id) or self.graphs[self.default_agent]
 
     async def checkpoint(self, run: Run) -> dict[str, Any]:
         """The latest checkpoint of the run's graph, in the chapter's shape (DESIGN §6)."""

@@ -182,3 +182,26 @@ async def test_a_cancel_that_lands_as_the_run_is_handed_on_ends_it(
     assert ended.outcome.code == "RUN_CANCELLED"
     assert found is not None and found.failures == 0
     assert engine.metrics.value("drives_ended_total", how="failed") == 0
+
+
+async def test_the_checkpoint_of_a_run_whose_agent_is_gone_is_still_read(
+    database_url: str, data_dir: Path
+) -> None:
+    """It is part of the run's record: a server without the agent (retired since, or
+    another server's) answered GET /runs/{id}/checkpoint and its planner context 422."""
+    with_agent = Settings(
+        data_dir=data_dir, database_url=database_url, extra_agents=["tests.agents:build_agents"]
+    )
+    async with open_host(with_agent) as host:
+        run, _ = await host.engine.create_run(RunCreate(agent_id="slow_worker", input="sleep 0"))
+        ended = await host.engine.wait_settled(run.run_id)
+        view = await host.engine.checkpoint(ended)
+        planned = await host.engine.state_before_planning(ended, 1)
+    assert ended.state is State.SUCCEEDED and planned is not None
+
+    async with open_host(
+        with_agent.model_copy(update={"extra_agents": []}), run_worker=False
+    ) as host:
+        assert "slow_worker" not in host.engine.graphs
+        assert await host.engine.checkpoint(ended) == view
+        assert await host.engine.state_before_planning(ended, 1) == planned

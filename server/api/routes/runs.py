@@ -343,8 +343,7 @@ class PlannerContext(BaseModel):
 @router.get(
     "/runs/{run_id}/planner-context/{step}",
     response_model=PlannerContext,
-    # AGENT_NOT_FOUND: the run's agent is no longer hosted, its graph unreadable.
-    responses=problem_responses(*OF_A_RUN, Code.STEP_NOT_FOUND, Code.AGENT_NOT_FOUND),
+    responses=problem_responses(*OF_A_RUN, Code.STEP_NOT_FOUND),
 )
 async def planner_context(
     run: RunDep,
@@ -372,9 +371,7 @@ async def planner_context(
     )
 
 
-@router.get(
-    "/runs/{run_id}/checkpoint", responses=problem_responses(*OF_A_RUN, Code.AGENT_NOT_FOUND)
-)
+@router.get("/runs/{run_id}/checkpoint", responses=problem_responses(*OF_A_RUN))
 async def run_checkpoint(run: RunDep, engine: EngineDep) -> dict[str, Any]:
     return await engine.checkpoint(run)
 
