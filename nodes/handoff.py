@@ -24,6 +24,7 @@ from runtime import ids
 from runtime.context import Context, services
 from runtime.errors import Code, Recovery
 from runtime.events import EventType, handoff_tool, summarize
+from runtime.ledger import StoreArtifacts, kept
 from runtime.model import Decision
 from runtime.state import RunState
 
@@ -187,7 +188,16 @@ def make_handback_node() -> NodeFn:
             )
         mine = [o for o in state.get("observations", []) if o.get("frame") == frame["handoff_id"]]
         artifacts = artifacts_of(mine)
-        result = {"answer": decision.answer, "data": decision.data, "artifacts": artifacts}
+        result: dict[str, Any] = {
+            "answer": decision.answer,
+            "data": decision.data,
+            "artifacts": artifacts,
+        }
+        # As a tool's output is: the observation stays in every later checkpoint.
+        name = f"{handoff_tool(str(frame['agent_id']))}-result.json"
+        result, whole = await kept(result, name, StoreArtifacts(ctx.store, ctx.run_id))
+        if whole is not None:
+            result["artifacts"] = artifacts  # what the sub-agent made, for its caller's end
         caller = stack[-2] if len(stack) > 1 else None
         back = {
             # The result answers the caller's handoff step, as a tool's result answers its call.
@@ -197,7 +207,7 @@ def make_handback_node() -> NodeFn:
             "status": "succeeded",
             "summary": summarize(decision.answer or decision.summary),
             "output": result,
-            "artifact_id": artifacts[0] if len(artifacts) == 1 else None,
+            "artifact_id": whole or (artifacts[0] if len(artifacts) == 1 else None),
             "error": None,
         }
         await ctx.store.append_event(

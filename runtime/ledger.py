@@ -105,6 +105,28 @@ def new_ledger_row(
     )
 
 
+async def kept(output: Any, name: str, artifacts: ArtifactSink) -> tuple[Any, str | None]:
+    """``output`` as a run's record and its checkpoints keep it: inline up to
+    :data:`INLINE_OUTPUT_BYTES`; larger, or nested deeper than any store reads, whole in
+    an artifact ``name`` (whose id is returned too) and ``{artifact_id, size, preview}``
+    in its place, so that a checkpoint does not grow with it (DESIGN §6)."""
+    deep = nests_deeper(output)  # kept whole in an artifact, where depth costs nothing
+    try:
+        output, encoded = plain_json(output)
+    except (RecursionError, ValueError, TypeError) as exc:
+        # Past Python's stack, a cycle, a key JSON has no form for: what no store
+        # keeps, after the tool ran. The call is closed all the same (left running,
+        # a later drive would run it again or call it unknown).
+        why = "nests too deep" if isinstance(exc, RecursionError) else "has no JSON form"
+        output, deep = {"not_kept": f"the output {why}: {str(exc)[:200]}"}, False
+        output, encoded = plain_json(output)
+    if not deep and len(encoded) <= INLINE_OUTPUT_BYTES:
+        return output, None
+    art = await artifacts.put(encoded, "application/json", name)
+    preview = {"artifact_id": art.artifact_id, "size": len(encoded), "preview": summarize(output)}
+    return preview, art.artifact_id
+
+
 async def _finish(
     store: NodeStore,
     row: ToolCall,
@@ -116,27 +138,9 @@ async def _finish(
 ) -> ToolCall:
     artifact_ref = None
     if output is not None:
-        deep = nests_deeper(output)  # kept whole in an artifact, where depth costs nothing
-        try:
-            output, encoded = plain_json(output)
-        except (RecursionError, ValueError, TypeError) as exc:
-            # Past Python's stack, a cycle, a key JSON has no form for: what no store
-            # keeps, after the tool ran. The call is closed all the same (left running,
-            # a later drive would run it again or call it unknown).
-            why = "nests too deep" if isinstance(exc, RecursionError) else "has no JSON form"
-            output, deep = {"not_kept": f"the output {why}: {str(exc)[:200]}"}, False
-            output, encoded = plain_json(output)
-        if deep or len(encoded) > INLINE_OUTPUT_BYTES:
-            # Clipped: tool names are the registry's, which has no bound on them.
-            name = f"{row.tool[:200]}-output.json"
-            art = await artifacts.put(encoded, "application/json", name)
-            artifact_ref = art.artifact_id
-            output = {
-                "artifact_id": art.artifact_id,
-                "size": len(encoded),
-                "preview": summarize(output),
-            }
-        elif isinstance(output, dict) and "artifact_id" in output:
+        # Clipped: tool names are the registry's, which has no bound on them.
+        output, artifact_ref = await kept(output, f"{row.tool[:200]}-output.json", artifacts)
+        if artifact_ref is None and isinstance(output, dict) and "artifact_id" in output:
             artifact_ref = output["artifact_id"]
     return await close_call(
         store,

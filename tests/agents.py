@@ -368,7 +368,15 @@ def delegator(view: PlannerView) -> Decision:
         )
     if back.status != "succeeded":
         return finish(f"handoff failed: {back.status}")
-    return finish(f"{target} said {back.output['answer']}")
+    # A large result comes as an artifact, its preview in its place.
+    said = back.output.get("answer", back.output.get("preview"))
+    return finish(f"{target} said {said}")
+
+
+def bulky(view: PlannerView) -> Decision:
+    """Finishes at once with data of as many bytes as its input says."""
+    size = int(view.input.split()[-1]) if view.input.split()[-1].isdigit() else 10
+    return Decision(kind="finish", summary="bulk", answer="bulk", data={"blob": "x" * size})
 
 
 SCRIPTS: dict[str, Script] = {
@@ -383,6 +391,7 @@ SCRIPTS: dict[str, Script] = {
     "broken": broken,
     "plain_talker": plain_talker,
     "wanderer": wanderer,
+    "bulky": bulky,
 }
 
 
@@ -396,7 +405,11 @@ def sub_agents(tools: ToolRegistry) -> tuple[SubAgent, ...]:
     own = ToolRegistry(s for s in tools.specs() if s.name in SUB_TOOLS)
     subs = tuple(
         SubAgent(name, SCRIPTS[name].__doc__ or name, ScriptPlanner(SCRIPTS[name]), own, policy)
-        for name, policy in (("slow_worker", DefaultPolicy()), ("typo_fixer", DefaultPolicy()))
+        for name, policy in (
+            ("slow_worker", DefaultPolicy()),
+            ("typo_fixer", DefaultPolicy()),
+            ("bulky", DefaultPolicy()),
+        )
     )
     relay = SubAgent("relay", "a delegator", ScriptPlanner(delegator), tools, DefaultPolicy(), subs)
     return (*subs, relay)

@@ -245,6 +245,30 @@ async def test_report_writer_runs_on_its_own(api: Api) -> None:
     assert handoffs(await api.events(run["run_id"])) == []
 
 
+@pytest.mark.parametrize("size", [100, 100_000])
+async def test_a_large_handed_back_result_is_kept_as_an_artifact(api: Api, size: int) -> None:
+    """As a tool's output is: the caller's observation of it stays in every checkpoint
+    after it (a probe saw 7 MB of checkpoints for one 200 KB result)."""
+    run = await api.create(agent_id="delegator", input=f"bulky {size}")
+    final = await api.settle(run["run_id"])
+    assert final["state"] == "succeeded", final
+    record = await trace(api, run["run_id"])
+    _, back = handoff_events(record["events"])
+    last = record["steps"][-1]["step_index"]
+    context = (await api.client.get(f"/runs/{run['run_id']}/planner-context/{last}")).json()
+    (seen,) = [o for o in context["observations"] if o["tool"] == "handoff_to_bulky"]
+    if size < 4096:
+        assert seen["output"] == {"answer": "bulk", "data": {"blob": "x" * size}, "artifacts": []}
+        assert back["data"]["artifact_id"] is None
+        return
+    artifact_id = back["data"]["artifact_id"]
+    assert seen["artifact_id"] == artifact_id and seen["output"]["artifact_id"] == artifact_id
+    assert seen["output"]["size"] > size and seen["output"]["artifacts"] == []
+    assert len(json.dumps(seen)) < 2048
+    whole = json.loads((await api.client.get(f"/artifacts/{artifact_id}")).content)
+    assert whole == {"answer": "bulk", "data": {"blob": "x" * size}, "artifacts": []}
+
+
 async def test_a_graph_built_without_an_id_hands_off_under_its_agent_s_name(api: Api) -> None:
     """The record said "" handed off (the graph's key for its own agent) where the steps,
     /agents and the planner context named the agent."""
