@@ -228,6 +228,7 @@ async def _fail_run(
         message=message,
         side_effects=happened,
         compensations=compensations if compensations is not None else compensated,
+        artifacts=await store.artifacts_of_run(run_id),  # its partial results (DESIGN §8)
     )
     error = failure_error(code, message, compensated=bool(outcome.compensations))
     if tool_call_id is not None:

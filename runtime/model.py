@@ -174,6 +174,10 @@ class Outcome(BaseModel):
     their ids could be read."""
     compensations: list[str] = Field(default_factory=list)
     """tool_call_ids whose compensation ran."""
+    artifacts: list[str] = Field(default_factory=list)
+    """Of a failed run: the artifacts it made before it failed (its log's ``artifact``
+    events), oldest first: its partial results, kept. A run that succeeded names
+    those of its answer in its ``result``."""
 
 
 class Run(Stored):

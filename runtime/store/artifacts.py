@@ -72,6 +72,18 @@ class ArtifactQueries(StoreCore):
                 )
         return artifact
 
+    async def artifacts_of_run(self, run_id: str) -> list[str]:
+        """The artifacts the run made, as its log names them (its ``artifact`` events,
+        keyed by artifact), oldest first."""
+        after_key = ARTIFACT_KEY[:-1] + chr(ord(ARTIFACT_KEY[-1]) + 1)  # the keys' range
+        async with self.read() as tx:
+            rows = await tx.fetchall(
+                "SELECT dedupe_key FROM events WHERE run_id = ? "
+                "AND dedupe_key >= ? AND dedupe_key < ? ORDER BY seq",
+                (run_id, ARTIFACT_KEY, after_key),
+            )
+        return [str(r["dedupe_key"]).removeprefix(ARTIFACT_KEY) for r in rows]
+
     async def artifact_for_tenant(self, artifact_id: str, tenant_id: str) -> Naming | None:
         """What a run of the tenant named the artifact (its name and media type), or None
         if none did.

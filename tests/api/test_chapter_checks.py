@@ -191,6 +191,14 @@ async def test_7_budget_cancellation_and_unrecoverable_errors_end_failed(api: Ap
     assert gone["state"] == "failed" and gone["outcome"]["code"] == "RUN_CANCELLED"
     assert gone["outcome"]["message"] == "user closed the task (requested by u-ops-001)"
     assert gone["pending_approval"] is None
+    # What it made before the cancel (the report it asked to publish) is kept, and named.
+    made = [
+        e["data"]["artifact_id"]
+        for e in await api.events(parked["run_id"])
+        if e["type"] == "artifact"
+    ]
+    assert made and gone["outcome"]["artifacts"] == made
+    assert over["outcome"]["artifacts"] == []
     approval = (
         await api.client.get("/approvals", params={"state": "expired", "run_id": parked["run_id"]})
     ).json()
