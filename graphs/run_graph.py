@@ -112,7 +112,8 @@ def with_hosted_tools(spec: AgentSpec) -> AgentSpec:
     A run's cancel, time-out or crash loop settles and compensates the calls of its
     ledger through the agent's tools (``AgentSpec.tools``), its sub-agents' calls too:
     a spec registered with its own tools only left a sub-agent's side effects
-    uncompensated, without a word. Its own tools come first, as a run's own calls do."""
+    uncompensated, without a word. A name and version two of them define differently
+    resolves to neither (:class:`runtime.tooling.ChainedTools`)."""
     hosted = _HOSTED.get(spec.builder) if isinstance(spec.builder, StateGraph) else None
     extra = [a.tools for a in (hosted or {}).values() if a.tools is not spec.tools]
     if not extra:

@@ -27,6 +27,7 @@ from runtime.events import EventType, handoff_tool, summarize
 from runtime.ledger import StoreArtifacts, kept
 from runtime.model import Decision
 from runtime.state import RunState
+from runtime.storable import nests_deeper, plain_json
 
 NodeFn = Any
 ROOT = ""
@@ -167,6 +168,25 @@ def make_handoff_node(targets: Mapping[str, set[str]], root: str) -> NodeFn:
     return handoff_node
 
 
+HANDBACK_ANSWER_CHARS = 4000
+"""Of a result kept in an artifact, the answer's first characters the caller still sees."""
+HANDBACK_DATA_BYTES = 2048
+"""Of a result kept in an artifact, the largest data (as JSON) the caller still sees."""
+
+
+def readable(answer: str | None, data: dict[str, Any] | None) -> dict[str, Any]:
+    """What a caller's planner still reads of a result kept in an artifact: the answer,
+    clipped, and the structured data where it is small (a planner reads fields of it)."""
+    shown: dict[str, Any] = {"answer": None if answer is None else answer[:HANDBACK_ANSWER_CHARS]}
+    try:
+        value, encoded = plain_json(data)
+    except (RecursionError, ValueError, TypeError):
+        value, encoded = None, b""
+    fits = len(encoded) <= HANDBACK_DATA_BYTES and not nests_deeper(value)
+    shown["data"] = value if fits else None
+    return shown
+
+
 def make_handback_node() -> NodeFn:
     """A sub-agent's ``finish``: the terminal check of its work, then control goes back."""
 
@@ -193,11 +213,12 @@ def make_handback_node() -> NodeFn:
             "data": decision.data,
             "artifacts": artifacts,
         }
-        # As a tool's output is: the observation stays in every later checkpoint.
+        # Large, it is kept whole in an artifact, as a tool's output is: the caller's
+        # observation of it stays in every later checkpoint.
         name = f"{handoff_tool(str(frame['agent_id']))}-result.json"
         result, whole = await kept(result, name, StoreArtifacts(ctx.store, ctx.run_id))
         if whole is not None:
-            result["artifacts"] = artifacts  # what the sub-agent made, for its caller's end
+            result.update(readable(decision.answer, decision.data), artifacts=artifacts)
         caller = stack[-2] if len(stack) > 1 else None
         back = {
             # The result answers the caller's handoff step, as a tool's result answers its call.
@@ -207,7 +228,7 @@ def make_handback_node() -> NodeFn:
             "status": "succeeded",
             "summary": summarize(decision.answer or decision.summary),
             "output": result,
-            "artifact_id": whole or (artifacts[0] if len(artifacts) == 1 else None),
+            "artifact_id": artifacts[0] if len(artifacts) == 1 else None,
             "error": None,
         }
         await ctx.store.append_event(

@@ -132,21 +132,24 @@ class ToolResolver(Protocol):
 
 
 class ChainedTools:
-    """Several resolvers as one: a tool is the first's that knows it."""
+    """An agent's tools and those of the agents its graph hosts, for what resolves a
+    ledger row by its tool's name and version (a cancel's compensation, a cut-off call's
+    reconcile, the redaction of its secret arguments)."""
 
-    def __init__(self, *resolvers: ToolResolver) -> None:
-        self._resolvers = resolvers
+    def __init__(self, own: ToolResolver, *hosted: ToolResolver) -> None:
+        self._own = own
+        self._resolvers = (own, *hosted)
 
     def resolve(self, name: str, version: str | None = None) -> ToolSpec | None:
+        """The one tool of that name and version; None where two agents have different
+        ones (a row does not say whose call it was, and another's undo must not run)."""
+        found: list[ToolSpec] = []
         for resolver in self._resolvers:
             spec = resolver.resolve(name, version)
-            if spec is not None:
-                return spec
-        return None
+            if spec is not None and not any(spec is seen for seen in found):
+                found.append(spec)
+        return found[0] if len(found) == 1 else None
 
     def specs(self) -> list[ToolSpec]:
-        seen: dict[tuple[str, str], ToolSpec] = {}
-        for resolver in self._resolvers:
-            for spec in resolver.specs():
-                seen.setdefault((spec.name, spec.version), spec)
-        return list(seen.values())
+        """The agent's own: those its planner is offered, and ``GET /agents`` lists."""
+        return self._own.specs()

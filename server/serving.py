@@ -83,6 +83,8 @@ class Server(uvicorn.Server):
             services.bus.publish_all()  # every event stream looks at it
             if services.worker is not None:  # its grace and the requests' run together
                 services.worker.begin_stop(services.settings.shutdown_grace_s)
+                if self.force_exit:  # signalled twice before the app had started
+                    services.worker.hurry()
         await super().shutdown(sockets)
         shut = getattr(self.lifespan, "shutdown_event", None)
         if self.force_exit and shut is not None and not shut.is_set():

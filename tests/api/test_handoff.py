@@ -261,10 +261,15 @@ async def test_a_large_handed_back_result_is_kept_as_an_artifact(api: Api, size:
         assert seen["output"] == {"answer": "bulk", "data": {"blob": "x" * size}, "artifacts": []}
         assert back["data"]["artifact_id"] is None
         return
-    artifact_id = back["data"]["artifact_id"]
-    assert seen["artifact_id"] == artifact_id and seen["output"]["artifact_id"] == artifact_id
-    assert seen["output"]["size"] > size and seen["output"]["artifacts"] == []
+    # The result's own artifact is the observation's to name: the event's artifact_id
+    # stays what the sub-agent made (none here).
+    assert back["data"]["artifact_id"] is None and seen["artifact_id"] is None
+    output = seen["output"]
+    assert output["size"] > size and output["artifacts"] == []
+    # Its caller's planner still reads the answer, and the data where it is small.
+    assert output["answer"] == "bulk" and output["data"] is None
     assert len(json.dumps(seen)) < 2048
+    artifact_id = output["artifact_id"]
     whole = json.loads((await api.client.get(f"/artifacts/{artifact_id}")).content)
     assert whole == {"answer": "bulk", "data": {"blob": "x" * size}, "artifacts": []}
 

@@ -278,3 +278,15 @@ async def test_interrupt_inside_a_sub_agent_resumes_there(env: NodeEnv) -> None:
     ]
     approval: Approval | None = await env.store.get_approval(intr.value["approval_id"])
     assert approval is not None and approval.status == "approved"
+
+
+def test_what_a_caller_still_reads_of_a_result_kept_in_an_artifact() -> None:
+    from nodes.handoff import HANDBACK_ANSWER_CHARS, HANDBACK_DATA_BYTES, readable
+
+    shown = readable("a" * (HANDBACK_ANSWER_CHARS + 10), {"report_id": "r-1"})
+    assert shown == {"answer": "a" * HANDBACK_ANSWER_CHARS, "data": {"report_id": "r-1"}}
+    assert readable("ok", {"blob": "x" * HANDBACK_DATA_BYTES})["data"] is None
+    assert readable(None, None) == {"answer": None, "data": None}
+    looped: dict[str, Any] = {}
+    looped["self"] = looped
+    assert readable("ok", looped)["data"] is None  # no JSON form: not shown, not a crash

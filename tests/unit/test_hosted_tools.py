@@ -1,0 +1,53 @@
+"""An agent's tools as a cancel resolves its ledger's rows: its own, then its hosted
+agents' (``graphs.run_graph.with_hosted_tools``), never another agent's undo for a call."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from graphs.run_graph import build_run_graph, with_hosted_tools
+from runtime.agent import AgentSpec, SubAgent
+from runtime.policy import DefaultPolicy
+from runtime.tooling import ChainedTools
+from tests.agents import ScriptPlanner, build_tools, finish
+from tools.registry import ToolRegistry
+
+
+def test_a_tool_is_found_wherever_one_agent_defines_it(tmp_path: Path) -> None:
+    tools = build_tools(tmp_path)
+    own = ToolRegistry([tools.resolve("echo", "1")])  # type: ignore[list-item]
+    sub = ToolRegistry(s for s in tools.specs() if s.name in ("counter", "sleep"))
+    chained = ChainedTools(own, sub, tools)  # counter in two: the same spec
+    assert chained.resolve("counter", "1") is tools.resolve("counter", "1")
+    assert chained.resolve("echo", "1") is tools.resolve("echo", "1")
+    assert chained.resolve("nothing", "1") is None
+    # What the agent's planner is offered, and GET /agents lists: its own tools only.
+    assert [s.name for s in chained.specs()] == ["echo"]
+
+
+def test_a_name_two_agents_define_differently_resolves_to_neither(tmp_path: Path) -> None:
+    """A row does not say whose call it was: one agent's undo must not run for
+    another's effect (the compensation is left undone, which its outcome shows)."""
+    counter = build_tools(tmp_path).resolve("counter", "1")
+    assert counter is not None
+    other = dataclasses.replace(counter, compensate=None)
+    chained = ChainedTools(ToolRegistry([counter]), ToolRegistry([other]))
+    assert chained.resolve("counter", "1") is None
+
+
+def test_an_agent_s_spec_covers_its_hosted_agents_tools(tmp_path: Path) -> None:
+    tools = build_tools(tmp_path)
+    own = ToolRegistry([tools.resolve("echo", "1")])  # type: ignore[list-item]
+    sub_tools = ToolRegistry(s for s in tools.specs() if s.name == "counter")
+    sub = SubAgent("counting", "counts", ScriptPlanner(lambda _v: finish("x")), sub_tools,
+                   DefaultPolicy())  # fmt: skip
+    builder = build_run_graph(ScriptPlanner(lambda _v: finish("x")), own, DefaultPolicy(),
+                              handoffs=[sub])  # fmt: skip
+    spec = AgentSpec("root", "root", builder, own)
+    covered = with_hosted_tools(spec)
+    assert covered.tools.resolve("counter", "1") is tools.resolve("counter", "1")
+    assert [s.name for s in covered.tools.specs()] == ["echo"]
+    alone = AgentSpec("alone", "alone", build_run_graph(
+        ScriptPlanner(lambda _v: finish("x")), own, DefaultPolicy()), own)  # fmt: skip
+    assert with_hosted_tools(alone) is alone  # nothing hosted: the spec as it was
