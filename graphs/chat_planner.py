@@ -22,10 +22,13 @@ retries, propagate; the planner node records them as ``PLANNER_ERROR``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
 import json
 import logging
+import math
 import random
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,9 +37,11 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.messages import ToolCall as LCToolCall
 from pydantic import ValidationError
 
+from runtime.budget import SPENT_CAP
 from runtime.events import handoff_tool
 from runtime.model import Decision, DecisionUsage, Handoff, ProposedCall
-from runtime.planner import LLM_CALLS, Observation, PlannerView
+from runtime.planner import LLM_CALLS, LLM_SPENT, Observation, PlannerView
+from runtime.storable import utf8
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an enterprise analyst agent. Answer the user's question with the tools "
@@ -47,6 +52,8 @@ DEFAULT_SYSTEM_PROMPT = (
     "done, reply with the final answer as plain text and no tool calls."
 )
 SUMMARY_CHARS = 200
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""A function name every provider takes (OpenAI's rule; Anthropic's is the same)."""
 MAX_OBSERVATION_CHARS = 16_000
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504, 529})
 """HTTP statuses of a model endpoint worth asking again: timeouts, rate limits, overload."""
@@ -121,7 +128,7 @@ def handoff_schemas(agents: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         {
             "type": "function",
             "function": {
-                "name": handoff_tool(agent["agent_id"]),
+                "name": function_name(agent["agent_id"]),
                 "description": f"Hand the task to {agent['agent_id']}, which works on it "
                 f"with its own tools and hands back its answer. {agent.get('description', '')}",
                 "parameters": {
@@ -246,8 +253,29 @@ def answer_text(message: AIMessage) -> str:
 
 
 def _tokens(message: AIMessage) -> int:
-    usage = message.usage_metadata
-    return int(usage.get("total_tokens", 0) or 0) if usage else 0
+    """The reply's tokens as its provider reports them (the total, or input and output
+    where the total is missing); what is not a count of them counts as none. Bounds
+    are the node's (``runtime.budget.counted``)."""
+    usage: dict[str, Any] = dict(message.usage_metadata or {})
+
+    def count(key: str) -> int:
+        value = usage.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return 0
+        return int(value) if math.isfinite(value) else 0
+
+    return count("total_tokens") or count("input_tokens") + count("output_tokens")
+
+
+def function_name(agent_id: str) -> str:
+    """The function a model calls to hand off to ``agent_id``: ``handoff_to_<id>``, as
+    the run's events name it, where providers take it (letters, digits, ``_`` and
+    ``-``, at most 64); else made so, with a hash of the id to keep it one agent's."""
+    name = handoff_tool(agent_id)
+    if FUNCTION_NAME.fullmatch(name):
+        return name
+    digest = hashlib.sha256(agent_id.encode()).hexdigest()[:8]
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '_', name)[:55]}_{digest}"
 
 
 def to_decision(
@@ -259,8 +287,19 @@ def to_decision(
     """The model's reply as a structured decision; its tool calls name the versions it saw."""
     try:
         return _decision(message, tools, cost_per_token, agents)
+    except ModelOutputError as exc:
+        setattr(exc, LLM_SPENT, _usage(message, cost_per_token))  # paid for all the same
+        raise
     except ValidationError as exc:  # e.g. a handoff task longer than an input may be
-        raise ModelOutputError(f"the model's reply is not a valid decision: {exc}") from None
+        bad = ModelOutputError(f"the model's reply is not a valid decision: {exc}")
+        setattr(bad, LLM_SPENT, _usage(message, cost_per_token))
+        raise bad from None
+
+
+def _usage(message: AIMessage, cost_per_token: float) -> DecisionUsage:
+    tokens = _tokens(message)
+    cost = tokens * cost_per_token if tokens < SPENT_CAP else SPENT_CAP * cost_per_token
+    return DecisionUsage(llm_calls=1, tokens=tokens, cost_usd=cost)
 
 
 def _decision(
@@ -269,15 +308,14 @@ def _decision(
     cost_per_token: float,
     agents: Sequence[dict[str, Any]],
 ) -> Decision:
-    tokens = _tokens(message)
-    usage = DecisionUsage(llm_calls=1, tokens=tokens, cost_usd=tokens * cost_per_token)
+    usage = _usage(message, cost_per_token)
     if message.invalid_tool_calls:
         bad = ", ".join(
             f"{c.get('name') or '?'} ({c.get('error') or 'unparsable arguments'})"
             for c in message.invalid_tool_calls
         )
         raise ModelOutputError(f"the model proposed tool calls that cannot be parsed: {bad}")
-    targets = {handoff_tool(a["agent_id"]): str(a["agent_id"]) for a in agents}
+    targets = {function_name(a["agent_id"]): str(a["agent_id"]) for a in agents}
     handoffs = [c for c in message.tool_calls if c["name"] in targets]
     if handoffs:
         if len(message.tool_calls) > 1:
@@ -286,12 +324,13 @@ def _decision(
         args = handoffs[0]["args"]
         target = targets[handoffs[0]["name"]]
         data = args.get("data")
+        task = utf8(str(args.get("task") or "")).strip()
         return Decision(
             kind="handoff",
-            summary=_clip(f"hand off to {target}: {args.get('task', '')}", SUMMARY_CHARS),
+            summary=_clip(f"hand off to {target}: {task}", SUMMARY_CHARS),
             handoff=Handoff(
                 agent_id=target,
-                task=str(args.get("task") or "").strip() or "(no task given)",
+                task=task or "(no task given)",
                 data=data if isinstance(data, dict) else None,
             ),
             usage=usage,
@@ -299,7 +338,7 @@ def _decision(
     if message.tool_calls:
         versions = {t["name"]: t.get("version") for t in tools}
         calls = [
-            ProposedCall(tool=c["name"], version=versions.get(c["name"]), args=c["args"])
+            ProposedCall(tool=utf8(c["name"]), version=versions.get(c["name"]), args=c["args"])
             for c in message.tool_calls
         ]
         summary = "call " + ", ".join(c.tool for c in calls)
@@ -309,13 +348,11 @@ def _decision(
             tool_calls=calls,
             usage=usage,
         )
-    answer = answer_text(message).strip()
-    return Decision(
-        kind="finish",
-        summary=_clip(answer, SUMMARY_CHARS) if answer else "finish (empty answer)",
-        answer=answer,
-        usage=usage,
-    )
+    answer = utf8(answer_text(message)).strip()
+    if not answer:
+        # What a content filter or a cut-off leaves: no run succeeds on it.
+        raise ModelOutputError("the model's reply has neither text nor a tool call")
+    return Decision(kind="finish", summary=_clip(answer, SUMMARY_CHARS), answer=answer, usage=usage)
 
 
 class ChatModelPlanner:

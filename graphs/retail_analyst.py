@@ -32,25 +32,32 @@ RETAIL_PROMPT = (
 )
 
 
-def make_planner(planner_model: str | None = None) -> Planner:
-    """The deterministic planner, or a chat-model planner when a model is named."""
+def make_planner(planner_model: str | None = None, usd_per_million_tokens: float = 0.0) -> Planner:
+    """The deterministic planner, or a chat-model planner when a model is named (its
+    tokens priced at ``usd_per_million_tokens``)."""
     if not planner_model:
         return RetailPlanner(report_agent=report_writer.AGENT_ID)
     from graphs.chat_planner import DEFAULT_SYSTEM_PROMPT, init_chat_planner
 
     return init_chat_planner(
-        planner_model, system_prompt=f"{DEFAULT_SYSTEM_PROMPT}\n\n{RETAIL_PROMPT}"
+        planner_model,
+        system_prompt=f"{DEFAULT_SYSTEM_PROMPT}\n\n{RETAIL_PROMPT}",
+        cost_per_token=usd_per_million_tokens / 1_000_000,
     )
 
 
 def build_agent(
-    demo_db: Path, planner: Planner | None = None, *, planner_model: str | None = None
+    demo_db: Path,
+    planner: Planner | None = None,
+    *,
+    planner_model: str | None = None,
+    usd_per_million_tokens: float = 0.0,
 ) -> AgentSpec:
     generate(demo_db)
     # Its own tools include the report ones, so a chat-model planner (which does not
     # hand off) can still write and publish; they are report_writer's very specs.
     tools = build_registry(demo_db)
-    chosen = planner if planner is not None else make_planner(planner_model)
+    chosen = planner if planner is not None else make_planner(planner_model, usd_per_million_tokens)
     return AgentSpec(
         agent_id=AGENT_ID,
         description="Finds the SKUs behind a region's week-over-week sales drop, has "

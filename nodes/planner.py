@@ -13,12 +13,12 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from nodes.not_run import not_run
-from runtime.budget import after_plan, before_plan, limits_from
+from runtime.budget import after_plan, before_plan, counted, limits_from
 from runtime.context import Context, services
 from runtime.errors import Code
 from runtime.ids import proposed_calls
 from runtime.model import Decision, Step, Usage, utcnow
-from runtime.planner import Observation, Planner, PlannerView, llm_calls_of
+from runtime.planner import Observation, Planner, PlannerView, spent_of
 from runtime.state import RunState, failed, run_context
 from runtime.storable import MAX_NESTING, nests_deeper, plain_json
 from runtime.tooling import ToolResolver
@@ -93,8 +93,10 @@ def make_planner_node(
                 llm_calls_left=limits.max_llm_calls - usage.llm_calls,
             )
             started = utcnow()
+            answered: Decision | None = None
             try:
-                decision = await planner.next_step(view)
+                decision = answered = await planner.next_step(view)
+                decision = decision.model_copy(update={"usage": counted(decision.usage)})
                 proposed = decision.model_dump()
                 if nests_deeper(proposed):  # no store keeps it: the planner's error
                     raise ValueError(f"the decision nests deeper than {MAX_NESTING} levels")
@@ -104,10 +106,14 @@ def make_planner_node(
                 # that no longer fits its schema goes back to the planner.
                 decision = Decision.model_validate(plain_json(proposed)[0])
             except Exception as exc:  # a planner bug or a model outage ends the run, visibly
-                # (its error event is written with the run's end, as every failure's is)
+                # (its error event is written with the run's end, as every failure's is).
+                # A reply that came and was not kept was paid for all the same.
+                paid = counted(spent_of(exc) if answered is None else answered.usage)
                 spent = usage.model_copy(
                     update={
-                        "llm_calls": usage.llm_calls + llm_calls_of(exc),
+                        "llm_calls": usage.llm_calls + paid.llm_calls,
+                        "tokens": usage.tokens + paid.tokens,
+                        "cost_usd": round(usage.cost_usd + paid.cost_usd, 9),
                         "active_s": ctx.active_s(),
                     }
                 )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TypeVar
 
-from runtime.model import Limits, RunOptions, Usage
+from runtime.model import DecisionUsage, Limits, RunOptions, Usage
 
 N = TypeVar("N", int, float)
 
@@ -20,6 +21,28 @@ class Maxima:
     max_tokens: int = 2_000_000
     max_cost_usd: float = 50.0
     timeout_s: float = 3600.0
+
+
+SPENT_CAP = 10**12
+"""The most one reply is counted for, in calls or tokens: past every budget's bound
+(a model's usage report of 2**64 tokens failed the run's write), short of a sum that
+overflows a 64-bit column."""
+
+
+def counted(spent: DecisionUsage) -> DecisionUsage:
+    """A planner's account of what a decision cost, as a budget can count it: nothing
+    negative (a report of -10**6 tokens gave the budget back), nothing past
+    :data:`SPENT_CAP`, and a cost that is a number."""
+
+    def bound(value: N) -> N:
+        return min(max(value, type(value)(0)), type(value)(SPENT_CAP))
+
+    cost = spent.cost_usd
+    return DecisionUsage(
+        llm_calls=bound(spent.llm_calls),
+        tokens=bound(spent.tokens),
+        cost_usd=0.0 if math.isnan(cost) else bound(cost),
+    )
 
 
 def effective_limits(options: RunOptions, maxima: Maxima) -> Limits:

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from runtime.model import Decision, RunContext, Usage
+from runtime.model import Decision, DecisionUsage, RunContext, Usage
 
 
 class Observation(BaseModel):
@@ -53,9 +53,22 @@ LLM_CALLS = "llm_calls"
 step made (each counts against the run's budget); 0 where it does not say."""
 
 
+LLM_SPENT = "llm_spent"
+"""The attribute on a planner's exception with the :class:`DecisionUsage` of a reply the
+model was paid for and that was not kept (tokens and cost; its calls are ``LLM_CALLS``)."""
+
+
 def llm_calls_of(exc: BaseException) -> int:
     calls = getattr(exc, LLM_CALLS, 0)
     return calls if isinstance(calls, int) and calls > 0 else 0
+
+
+def spent_of(exc: BaseException) -> DecisionUsage:
+    """What a failed step's model calls cost: their count, and the tokens and cost of a
+    reply that came and was not kept."""
+    spent = getattr(exc, LLM_SPENT, None)
+    reply = spent if isinstance(spent, DecisionUsage) else DecisionUsage()
+    return reply.model_copy(update={"llm_calls": llm_calls_of(exc)})
 
 
 class Planner(Protocol):

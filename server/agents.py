@@ -7,11 +7,14 @@ the setting (and the ``module:function``): the CLI refuses the start with it.
 from __future__ import annotations
 
 import importlib
+import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 
 from runtime.agent import AgentSpec
 from server.settings import Settings, one_line, os_error, refused
+
+log = logging.getLogger(__name__)
 
 DEFAULT_FACTORY = "build_agents"
 """The function of an extra agents' module whose entry names none (``module``)."""
@@ -48,10 +51,19 @@ def load_agents(settings: Settings) -> dict[str, AgentSpec]:
     except sqlite3.Error as exc:
         raise refused(settings.demo_db_setting, f"{demo_db}: {one_line(exc)}") from exc
     try:
-        demo = build_agent(demo_db, planner_model=settings.planner_model)
+        demo = build_agent(
+            demo_db,
+            planner_model=settings.planner_model,
+            usd_per_million_tokens=settings.planner_usd_per_million_tokens,
+        )
     except PlannerModelError as exc:
         raise refused("planner_model", exc) from exc
     add(demo, "the demo")
+    if settings.planner_model and not settings.planner_usd_per_million_tokens:
+        log.warning(
+            "the planner model's tokens have no price (AGENT_RUNTIME_PLANNER_USD_PER_"
+            "MILLION_TOKENS): runs' max_cost_usd budgets count no cost for its calls"
+        )
     # The agent the demo hands its reports to, runnable on its own too.
     add(report_writer.build_agent(demo.tools), "the demo")
     for path in settings.extra_agents:

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     planner_model: str | None = None
     """The demo agent's planner: a chat model for ``init_chat_model`` (e.g.
     ``openai:gpt-4o-mini``; needs the ``llm`` extra); unset: the deterministic planner."""
+    planner_usd_per_million_tokens: float = Field(default=0.0, ge=0, le=1_000_000)
+    """What the planner model's tokens cost, in US dollars a million (input and output
+    alike): what runs' ``max_cost_usd`` budgets count. 0: its calls count no cost."""
     extra_agents: list[str] = Field(default_factory=list)
     """Import paths ``module:function`` (``module`` alone: its ``build_agents``), each
     called with these Settings and returning more AgentSpecs, e.g. from a plugin."""

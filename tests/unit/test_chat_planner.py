@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 import sys
 import types
 from collections.abc import Sequence
@@ -29,12 +31,16 @@ from graphs.chat_planner import (
     ModelOutputError,
     PlannerModelError,
     build_messages,
+    handoff_schemas,
     is_transient,
+    to_decision,
     tool_schemas,
 )
-from graphs.retail_analyst import RETAIL_PROMPT, build_agent
+from graphs.retail_analyst import RETAIL_PROMPT, build_agent, make_planner
+from runtime.budget import SPENT_CAP, counted
 from runtime.model import RunContext
-from runtime.planner import Observation, PlannerView, llm_calls_of
+from runtime.planner import Observation, PlannerView, llm_calls_of, spent_of
+from server.agents import load_agents
 from server.settings import Settings
 from tools.retail import RetailPlanner, build_registry, generate
 
@@ -279,8 +285,77 @@ async def test_a_long_answer_has_a_short_summary(tools: list[dict[str, Any]]) ->
     decision = await ChatModelPlanner(scripted(reply(content=long))).next_step(view(tools))
     assert decision.answer == long.strip()
     assert len(decision.summary) == 200 and decision.summary.endswith("…")
-    empty = await ChatModelPlanner(scripted(reply(content=""))).next_step(view(tools))
-    assert empty.kind == "finish" and empty.answer == "" and empty.summary
+
+
+async def test_a_reply_with_nothing_in_it_is_no_answer(tools: list[dict[str, Any]]) -> None:
+    """What a content filter or a cut-off leaves: it succeeded the run with an empty
+    answer. The reply was paid for: its call and tokens count."""
+    planner = ChatModelPlanner(scripted(reply(content=" ", tokens=40)), cost_per_token=1e-6)
+    with pytest.raises(ModelOutputError) as empty:
+        await planner.next_step(view(tools))
+    spent = spent_of(empty.value)
+    assert (spent.llm_calls, spent.tokens) == (1, 40)
+    assert spent.cost_usd == pytest.approx(4e-5)
+
+
+async def test_an_unparsable_reply_counts_its_tokens(tools: list[dict[str, Any]]) -> None:
+    broken = AIMessage(
+        content="",
+        invalid_tool_calls=[
+            {"name": "x", "args": "{", "id": "c", "error": "bad", "type": "invalid_tool_call"}
+        ],
+        usage_metadata={"input_tokens": 499, "output_tokens": 1, "total_tokens": 500},
+    )
+    with pytest.raises(ModelOutputError) as bad:
+        await ChatModelPlanner(scripted(broken)).next_step(view(tools))
+    assert (spent_of(bad.value).llm_calls, spent_of(bad.value).tokens) == (1, 500)
+
+
+@pytest.mark.parametrize(
+    ("usage", "tokens"),
+    [
+        ({"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}, 10),
+        ({"input_tokens": 7, "output_tokens": 3, "total_tokens": 0}, 10),  # total not given
+        ({"input_tokens": "7", "output_tokens": None, "total_tokens": float("nan")}, 0),
+        ({"input_tokens": 0, "output_tokens": 0, "total_tokens": -1_000_000}, -1_000_000),
+        ({"input_tokens": 0, "output_tokens": 0, "total_tokens": 2**64}, 2**64),
+    ],
+    ids=["total", "parts", "not_counts", "negative", "huge"],
+)
+def test_a_reply_s_tokens_are_what_its_provider_reports(usage: dict[str, Any], tokens: int) -> None:
+    """Read as reported; the node bounds them (``counted``): a negative report gave the
+    budget back, and 2**64 failed the run's write."""
+    message = AIMessage(content="done")
+    message.usage_metadata = usage  # type: ignore[assignment]  # as a provider's may be
+    decision = to_decision(message, cost_per_token=1e-6)
+    assert decision.usage.tokens == tokens
+    bounded = counted(decision.usage)
+    assert 0 <= bounded.tokens <= SPENT_CAP and 0 <= bounded.cost_usd < float("inf")
+    assert bounded.tokens == min(max(tokens, 0), SPENT_CAP)
+
+
+def test_a_model_s_broken_token_is_kept_as_a_replacement_character() -> None:
+    answer = to_decision(AIMessage(content="fin\ud800e"))
+    assert answer.answer == "fin\ufffde"
+    handoff = to_decision(
+        AIMessage(content="", tool_calls=[tool_call("handoff_to_writer", task="do \udcff it")]),
+        agents=[{"agent_id": "writer"}],
+    )
+    assert handoff.handoff is not None and handoff.handoff.task == "do \ufffd it"
+
+
+@pytest.mark.parametrize("agent_id", ["sales.report_writer", "a" * 100, "writer"])
+def test_a_handoff_is_offered_under_a_name_every_provider_takes(agent_id: str) -> None:
+    (schema,) = handoff_schemas([{"agent_id": agent_id}])
+    name = schema["function"]["name"]
+    assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name), name
+    if agent_id == "writer":
+        assert name == "handoff_to_writer"  # as the run's events name it
+    decision = to_decision(
+        AIMessage(content="", tool_calls=[tool_call(name, task="go")]),
+        agents=[{"agent_id": agent_id}, {"agent_id": "other"}],
+    )
+    assert decision.handoff is not None and decision.handoff.agent_id == agent_id
 
 
 async def test_usage_metadata_sets_tokens_and_cost(tools: list[dict[str, Any]]) -> None:
@@ -343,6 +418,28 @@ def test_planner_model_uses_init_chat_model(
     # A planner given explicitly wins over the model name.
     explicit = build_agent(tmp_path / "retail.db", RetailPlanner(), planner_model="x:y")
     assert explicit.metadata == {"planner": "RetailPlanner"} and made == ["openai:gpt-4o-mini"]
+
+
+def test_the_planner_model_s_price_is_what_cost_budgets_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its tokens had no price and none could be given: runs' max_cost_usd (and the
+    server's cap) counted nothing for the one planner a deployment configures."""
+    chat_models = types.ModuleType("langchain.chat_models")
+    chat_models.init_chat_model = lambda _model: scripted()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "langchain", types.ModuleType("langchain"))
+    monkeypatch.setitem(sys.modules, "langchain.chat_models", chat_models)
+    priced = make_planner("openai:gpt-4o", usd_per_million_tokens=2.5)
+    assert isinstance(priced, ChatModelPlanner) and priced.cost_per_token == 2.5e-6
+
+    settings = Settings(data_dir=tmp_path, planner_model="openai:gpt-4o")
+    with caplog.at_level(logging.WARNING, logger="server.agents"):
+        load_agents(settings)
+    assert "max_cost_usd budgets count no cost" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="server.agents"):
+        agents = load_agents(settings.model_copy(update={"planner_usd_per_million_tokens": 2.5}))
+    assert caplog.text == "" and "retail_analyst" in agents
 
 
 def test_planner_model_without_langchain_says_what_to_install(

@@ -267,9 +267,13 @@ async def test_a_decision_nested_too_deep_to_keep_is_a_planner_error(
     deep: Any = "leaf"
     for _ in range(depth):
         deep = [deep]
-    planner = CountingPlanner(call("echo", text="a", deep=deep))
+    paid = DecisionUsage(llm_calls=1, tokens=500, cost_usd=0.01)
+    planner = CountingPlanner(call("echo", text="a", deep=deep).model_copy(update={"usage": paid}))
 
     update = await make_planner_node(planner, env.tools)(env.state(), env.runtime)
+
+    # The reply was paid for, kept or not.
+    assert (update["usage"]["llm_calls"], update["usage"]["tokens"]) == (1, 500)
 
     assert update["outcome"]["code"] == "PLANNER_ERROR"
     assert "nests deeper than 64 levels" in update["outcome"]["message"]
@@ -286,3 +290,27 @@ async def test_a_graph_invoked_without_an_input_is_told_so(env: NodeEnv) -> None
         await make_planner_node(planner, env.tools)(state, env.runtime)
 
     assert planner.views == [] and await env.store.get_step(env.run_id, 0) is None
+
+
+@pytest.mark.parametrize(
+    ("tokens", "cost"), [(-1_000_000, -5.0), (2**64, float("inf")), (10, float("nan"))]
+)
+async def test_a_planner_s_account_of_its_usage_is_counted_within_bounds(
+    env: NodeEnv, tokens: int, cost: float
+) -> None:
+    """A negative report gave the budget back; 2**64 tokens failed the run's write
+    (INTERNAL_ERROR); past every budget, it is a budget stop."""
+    spent = DecisionUsage(llm_calls=1, tokens=tokens, cost_usd=cost)
+    planner = CountingPlanner(finish("done").model_copy(update={"usage": spent}))
+
+    update = await make_planner_node(planner, env.tools)(env.state(), env.runtime)
+
+    usage = update["usage"]
+    assert 0 <= usage["tokens"] <= 10**12 and 0 <= usage["cost_usd"] < float("inf")
+    if tokens > 10**9:  # past every budget's bound
+        assert update["outcome"]["code"] == "RUN_BUDGET_EXCEEDED"
+    else:
+        assert "outcome" not in update and usage["tokens"] == max(tokens, 0)
+        assert usage["cost_usd"] == 0.0
+    step = await env.store.get_step(env.run_id, 0)
+    assert step is not None and step.decision.usage.tokens == usage["tokens"]
