@@ -212,7 +212,7 @@ def build_messages(
                 AIMessage(
                     content="",
                     tool_calls=[
-                        LCToolCall(name=obs.tool, args={}, id=call_id, type="tool_call")
+                        LCToolCall(name=offered(obs.tool), args={}, id=call_id, type="tool_call")
                         for obs, call_id in zip(calls, ids, strict=True)
                     ],
                 )
@@ -222,7 +222,7 @@ def build_messages(
                     ToolMessage(
                         content=observation_text(obs, max_observation_chars),
                         tool_call_id=call_id,
-                        name=obs.tool,
+                        name=offered(obs.tool),
                         status="success" if obs.status == "succeeded" else "error",
                     )
                 )
@@ -265,6 +265,14 @@ def _tokens(message: AIMessage) -> int:
         return int(value) if math.isfinite(value) else 0
 
     return count("total_tokens") or count("input_tokens") + count("output_tokens")
+
+
+def offered(tool: str) -> str:
+    """The function name under which the model was offered an observation's ``tool``:
+    a handoff's as :func:`function_name` makes it (a past call under a name the
+    provider refuses is a 400 too)."""
+    prefix = handoff_tool("")
+    return function_name(tool.removeprefix(prefix)) if tool.startswith(prefix) else tool
 
 
 def function_name(agent_id: str) -> str:

@@ -356,6 +356,14 @@ def test_a_handoff_is_offered_under_a_name_every_provider_takes(agent_id: str) -
         agents=[{"agent_id": agent_id}, {"agent_id": "other"}],
     )
     assert decision.handoff is not None and decision.handoff.agent_id == agent_id
+    # Told back at the next step under the same name: a past call the provider
+    # refuses is a 400 as well.
+    back = Observation(
+        step_index=0, tool_call_id="ho-1", tool=f"handoff_to_{agent_id}", status="succeeded"
+    )
+    history = build_messages(view([], back))
+    assert [c["name"] for m in history if isinstance(m, AIMessage) for c in m.tool_calls] == [name]
+    assert [m.name for m in history if isinstance(m, ToolMessage)] == [name]
 
 
 async def test_usage_metadata_sets_tokens_and_cost(tools: list[dict[str, Any]]) -> None:
