@@ -108,7 +108,7 @@ def make_handoff_node(targets: Mapping[str, set[str]], root: str) -> NodeFn:
         if target not in targets.get(current, set()):
             problem = Code.AGENT_NOT_FOUND, f"{named or 'this agent'} cannot hand off to {target}"
         elif len(stack) >= MAX_DEPTH:
-            problem = Code.AGENT_NOT_FOUND, f"handoff depth {MAX_DEPTH} reached"
+            problem = Code.HANDOFF_TOO_DEEP, f"handoff depth {MAX_DEPTH} reached"
         if problem is not None:
             code, message = problem
             # Like an unknown tool: the planner is told and may pick another path.

@@ -45,6 +45,7 @@ class Code(StrEnum):
     RUN_CRASH_LOOP = "RUN_CRASH_LOOP"
     CALL_NOT_RUN = "CALL_NOT_RUN"
     FINISH_REFUSED = "FINISH_REFUSED"
+    HANDOFF_TOO_DEEP = "HANDOFF_TOO_DEEP"
     # API problems.
     VALIDATION_ERROR = "VALIDATION_ERROR"
     RUN_NOT_FOUND = "RUN_NOT_FOUND"
@@ -103,6 +104,9 @@ CODES: dict[Code, CodeInfo] = {
     ),
     C.FINISH_REFUSED: CodeInfo(
         "The planner proposed to finish while work was open: it plans again", R.REPLAN, 409
+    ),
+    C.HANDOFF_TOO_DEEP: CodeInfo(
+        "Handoffs in progress at once are at their bound: the planner plans again", R.REPLAN, 409
     ),
     C.WORKER_LOST: CodeInfo(
         "The worker driving the run stopped; another resumed it from its checkpoint",

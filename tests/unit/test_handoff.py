@@ -112,6 +112,8 @@ async def test_handoff_depth_is_bounded(env: NodeEnv) -> None:
     update = await node(env.state(handoff("a"), handoff_stack=deep), env.runtime)
     assert "handoff_stack" not in update
     assert f"depth {MAX_DEPTH}" in update["observations"][0]["error"]
+    # Not AGENT_NOT_FOUND, as it was: the agent is there, the stack is full.
+    assert update["observations"][0]["status"] == "HANDOFF_TOO_DEEP"
 
 
 async def test_dispatch_shows_the_sub_agent_its_task_and_its_own_observations(env: NodeEnv) -> None:
