@@ -143,12 +143,22 @@ class ChainedTools:
     def resolve(self, name: str, version: str | None = None) -> ToolSpec | None:
         """The one tool of that name and version; None where two agents have different
         ones (a row does not say whose call it was, and another's undo must not run)."""
+        found = self._found(name, version)
+        return found[0] if len(found) == 1 else None
+
+    def ambiguous(self, name: str, version: str | None = None) -> bool:
+        """Whether two of the agents define that name and version differently: no other
+        agent's definition may stand in for theirs (its secrets, its four eyes)."""
+        return len(self._found(name, version)) > 1
+
+    def _found(self, name: str, version: str | None) -> list[ToolSpec]:
         found: list[ToolSpec] = []
         for resolver in self._resolvers:
             spec = resolver.resolve(name, version)
-            if spec is not None and not any(spec is seen for seen in found):
+            # Equal specs (the same handlers, built twice by one factory) are one tool.
+            if spec is not None and not any(spec is seen or spec == seen for seen in found):
                 found.append(spec)
-        return found[0] if len(found) == 1 else None
+        return found
 
     def specs(self) -> list[ToolSpec]:
         """The agent's own: those its planner is offered, and ``GET /agents`` lists."""

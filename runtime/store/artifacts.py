@@ -13,6 +13,7 @@ from runtime.events import EventType
 from runtime.model import Artifact
 from runtime.store.codec import _dec
 from runtime.store.core import StoreCore
+from runtime.store.tx import Tx
 
 log = logging.getLogger("runtime.store")
 
@@ -45,6 +46,19 @@ class Naming:
     media_type: str
 
 
+async def artifacts_made(tx: Tx, run_id: str) -> list[str]:
+    """The artifacts the run made, by its ``artifact`` events (keyed by artifact, which
+    is all that is read of them: no row that no longer validates fails it)."""
+    # By LIKE, not a range of keys: a database's collation orders ':' and ';' as it
+    # likes (ICU puts ';' first, and the range was empty).
+    rows = await tx.fetchall(
+        "SELECT dedupe_key FROM events WHERE run_id = ? AND type = ? "
+        "AND dedupe_key LIKE ? ORDER BY seq",
+        (run_id, EventType.ARTIFACT.value, f"{ARTIFACT_KEY}%"),
+    )
+    return [str(r["dedupe_key"]).removeprefix(ARTIFACT_KEY) for r in rows]
+
+
 class ArtifactQueries(StoreCore):
     """Artifact rows."""
 
@@ -73,16 +87,9 @@ class ArtifactQueries(StoreCore):
         return artifact
 
     async def artifacts_of_run(self, run_id: str) -> list[str]:
-        """The artifacts the run made, as its log names them (its ``artifact`` events,
-        keyed by artifact), oldest first."""
-        after_key = ARTIFACT_KEY[:-1] + chr(ord(ARTIFACT_KEY[-1]) + 1)  # the keys' range
+        """The artifacts the run made, as its log names them, oldest first."""
         async with self.read() as tx:
-            rows = await tx.fetchall(
-                "SELECT dedupe_key FROM events WHERE run_id = ? "
-                "AND dedupe_key >= ? AND dedupe_key < ? ORDER BY seq",
-                (run_id, ARTIFACT_KEY, after_key),
-            )
-        return [str(r["dedupe_key"]).removeprefix(ARTIFACT_KEY) for r in rows]
+            return await artifacts_made(tx, run_id)
 
     async def artifact_for_tenant(self, artifact_id: str, tenant_id: str) -> Naming | None:
         """What a run of the tenant named the artifact (its name and media type), or None

@@ -12,6 +12,7 @@ from runtime.errors import Code, RuntimeProblem, failure_error
 from runtime.events import EventType, result_data
 from runtime.lifecycle import TERMINAL, TRANSITIONS, State, Trigger
 from runtime.model import Outcome
+from runtime.store.artifacts import artifacts_made
 from runtime.store.codec import _dec, _enc_col, _ts
 from runtime.store.core import StoreCore
 from runtime.store.tx import Row
@@ -55,12 +56,19 @@ class UnreadFailures(StoreCore):
             message += "; its tool calls could not be read"
             if happened:
                 message += ": every side-effecting call is listed as one that may have happened"
+        try:
+            async with self.read() as tx:
+                made = await artifacts_made(tx, run_id)
+        except Exception:  # the last resort: what its log says of them is no reason to stop
+            log.warning("the artifacts of %s could not be listed", run_id, exc_info=True)
+            made = []
         outcome = Outcome(
             status="failed",
             code=code,
             message=message,
             side_effects=happened,
             compensations=compensated,
+            artifacts=made,
         )
         error = failure_error(code, message, compensated=bool(compensated))
         unread_error = {

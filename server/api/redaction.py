@@ -15,7 +15,7 @@ from typing import Any
 from runtime.engine import Engine
 from runtime.model import Run, Unreadable
 from runtime.store.records import ShownStep, ShownToolCall
-from runtime.tooling import REDACTED, ToolSpec
+from runtime.tooling import REDACTED, ChainedTools, ToolSpec
 
 
 class RunTools:
@@ -32,7 +32,11 @@ class RunTools:
         order = [agent_id, self.run.agent_id, *self.engine.agents]
         for name in dict.fromkeys(a for a in order if a):
             agent = self.engine.agents.get(name)
-            spec = agent.tools.resolve(tool, version) if agent is not None else None
+            if agent is None:
+                continue
+            if isinstance(agent.tools, ChainedTools) and agent.tools.ambiguous(tool, version):
+                return None  # two of its agents define it: unknowable, shown as unknown
+            spec = agent.tools.resolve(tool, version)
             if spec is not None:
                 return spec
         return None

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 from graphs.run_graph import build_run_graph, with_hosted_tools
 from runtime.agent import AgentSpec, SubAgent
 from runtime.policy import DefaultPolicy
-from runtime.tooling import ChainedTools
+from runtime.tooling import REDACTED, ChainedTools
+from server.api.redaction import RunTools
+from server.api.routes.approvals import four_eyes
 from tests.agents import ScriptPlanner, build_tools, finish
+from tests.unit.conftest import build_run
 from tools.registry import ToolRegistry
 
 
@@ -51,3 +55,27 @@ def test_an_agent_s_spec_covers_its_hosted_agents_tools(tmp_path: Path) -> None:
     alone = AgentSpec("alone", "alone", build_run_graph(
         ScriptPlanner(lambda _v: finish("x")), own, DefaultPolicy()), own)  # fmt: skip
     assert with_hosted_tools(alone) is alone  # nothing hosted: the spec as it was
+
+
+def test_a_call_two_of_an_agent_s_agents_define_differently_is_shown_as_unknown(
+    tmp_path: Path,
+) -> None:
+    """Where the run's agent cannot tell, another registered agent's definition (the
+    sub-agent's, registered on its own too) stood in: it declared no secret, and let
+    the run's user approve a call the root's tool keeps for another pair of eyes."""
+    echo = build_tools(tmp_path).resolve("echo", "1")
+    assert echo is not None
+    root_echo = dataclasses.replace(echo, secret_args=frozenset({"text"}), four_eyes=True)
+    sub_tools = ToolRegistry([dataclasses.replace(echo, secret_args=frozenset(), four_eyes=False)])
+    engine = SimpleNamespace(
+        agents={
+            "root": SimpleNamespace(tools=ChainedTools(ToolRegistry([root_echo]), sub_tools)),
+            "writer": SimpleNamespace(tools=sub_tools),
+        }
+    )
+    run = build_run().model_copy(update={"agent_id": "root"})
+    tools = RunTools(engine, run)  # type: ignore[arg-type]
+    assert tools.shown("echo", "1", {"text": "hunter2"}) == {"text": REDACTED}
+    assert four_eyes(engine, run, "echo", "1")  # type: ignore[arg-type]
+    # The sub-agent's own calls, named as its, read its own definition.
+    assert tools.shown("echo", "1", {"text": "hi"}, agent_id="writer") == {"text": "hi"}
