@@ -39,6 +39,7 @@ from pydantic import ValidationError
 
 from runtime.budget import SPENT_CAP
 from runtime.events import handoff_tool
+from runtime.ids import HANDOFF_PREFIX
 from runtime.model import Decision, DecisionUsage, Handoff, ProposedCall
 from runtime.planner import LLM_CALLS, LLM_SPENT, Observation, PlannerView
 from runtime.storable import utf8
@@ -212,7 +213,7 @@ def build_messages(
                 AIMessage(
                     content="",
                     tool_calls=[
-                        LCToolCall(name=offered(obs.tool), args={}, id=call_id, type="tool_call")
+                        LCToolCall(name=offered(obs), args={}, id=call_id, type="tool_call")
                         for obs, call_id in zip(calls, ids, strict=True)
                     ],
                 )
@@ -222,7 +223,7 @@ def build_messages(
                     ToolMessage(
                         content=observation_text(obs, max_observation_chars),
                         tool_call_id=call_id,
-                        name=offered(obs.tool),
+                        name=offered(obs),
                         status="success" if obs.status == "succeeded" else "error",
                     )
                 )
@@ -267,12 +268,14 @@ def _tokens(message: AIMessage) -> int:
     return count("total_tokens") or count("input_tokens") + count("output_tokens")
 
 
-def offered(tool: str) -> str:
-    """The function name under which the model was offered an observation's ``tool``:
-    a handoff's as :func:`function_name` makes it (a past call under a name the
-    provider refuses is a 400 too)."""
+def offered(obs: Observation) -> str:
+    """The function name under which the model was offered an observation's tool: a
+    handoff's as :func:`function_name` makes it (a past call under a name the provider
+    refuses is a 400 too); a registry tool's as it is, whatever it starts with."""
     prefix = handoff_tool("")
-    return function_name(tool.removeprefix(prefix)) if tool.startswith(prefix) else tool
+    if obs.tool_call_id.startswith(HANDOFF_PREFIX) and obs.tool.startswith(prefix):
+        return function_name(obs.tool.removeprefix(prefix))
+    return obs.tool
 
 
 def function_name(agent_id: str) -> str:

@@ -17,7 +17,7 @@ from runtime.budget import after_plan, before_plan, counted, limits_from
 from runtime.context import Context, services
 from runtime.errors import Code
 from runtime.ids import proposed_calls
-from runtime.model import Decision, Step, Usage, utcnow
+from runtime.model import Decision, DecisionUsage, Step, Usage, utcnow
 from runtime.planner import Observation, Planner, PlannerView, spent_of
 from runtime.state import RunState, failed, run_context
 from runtime.storable import MAX_NESTING, nests_deeper, plain_json
@@ -108,7 +108,11 @@ def make_planner_node(
             except Exception as exc:  # a planner bug or a model outage ends the run, visibly
                 # (its error event is written with the run's end, as every failure's is).
                 # A reply that came and was not kept was paid for all the same.
-                paid = counted(spent_of(exc) if answered is None else answered.usage)
+                # (A planner's answer that is no Decision is its bug: it says nothing.)
+                paid_for = isinstance(answered, Decision) and isinstance(
+                    answered.usage, DecisionUsage
+                )
+                paid = counted(answered.usage if paid_for else spent_of(exc))  # type: ignore[union-attr]
                 spent = usage.model_copy(
                     update={
                         "llm_calls": usage.llm_calls + paid.llm_calls,

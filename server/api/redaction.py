@@ -19,8 +19,10 @@ from runtime.tooling import REDACTED, ChainedTools, ToolSpec
 
 
 class RunTools:
-    """The tools a run's calls may have used: its agent's, the deciding sub-agent's, then
-    any hosted agent's (a handed-to agent may keep its own registry)."""
+    """The tools a run's calls may have used: the deciding agent's, where a step names
+    it, then the run's agent's, its hosted agents' included (``with_hosted_tools``).
+    Never another agent's: a tool of the same name and version there may declare no
+    secret and no second pair of eyes, where the run's own agent did."""
 
     def __init__(self, engine: Engine, run: Run) -> None:
         self.engine = engine
@@ -29,7 +31,7 @@ class RunTools:
     def resolve(
         self, tool: str, version: str | None, agent_id: str | None = None
     ) -> ToolSpec | None:
-        order = [agent_id, self.run.agent_id, *self.engine.agents]
+        order = [agent_id, self.run.agent_id]
         for name in dict.fromkeys(a for a in order if a):
             agent = self.engine.agents.get(name)
             if agent is None:

@@ -366,6 +366,15 @@ def test_a_handoff_is_offered_under_a_name_every_provider_takes(agent_id: str) -
     assert [m.name for m in history if isinstance(m, ToolMessage)] == [name]
 
 
+def test_a_registry_tool_is_told_back_under_its_own_name() -> None:
+    """Whatever it starts with: only a handoff's call (a handoff id) is renamed."""
+    past = Observation(
+        step_index=0, tool_call_id="tc-1", tool="handoff_to_my.tool", status="succeeded"
+    )
+    history = build_messages(view([], past))
+    assert [m.name for m in history if isinstance(m, ToolMessage)] == ["handoff_to_my.tool"]
+
+
 async def test_usage_metadata_sets_tokens_and_cost(tools: list[dict[str, Any]]) -> None:
     planner = ChatModelPlanner(scripted(reply(content="done", tokens=1000)), cost_per_token=2e-6)
     decision = await planner.next_step(view(tools))

@@ -79,3 +79,15 @@ def test_a_call_two_of_an_agent_s_agents_define_differently_is_shown_as_unknown(
     assert four_eyes(engine, run, "echo", "1")  # type: ignore[arg-type]
     # The sub-agent's own calls, named as its, read its own definition.
     assert tools.shown("echo", "1", {"text": "hi"}, agent_id="writer") == {"text": "hi"}
+
+
+def test_a_run_of_an_agent_not_hosted_here_reads_no_other_agent_s_tool(tmp_path: Path) -> None:
+    """A fleet mid-deploy: the run's agent is not here, another agent defines the same
+    name and version with no secret and no second pair of eyes, and stood in."""
+    echo = build_tools(tmp_path).resolve("echo", "1")
+    assert echo is not None
+    other = ToolRegistry([dataclasses.replace(echo, secret_args=frozenset(), four_eyes=False)])
+    engine = SimpleNamespace(agents={"other": SimpleNamespace(tools=other)})
+    run = build_run().model_copy(update={"agent_id": "root"})
+    assert RunTools(engine, run).shown("echo", "1", {"text": "x"}) == {"text": REDACTED}  # type: ignore[arg-type]
+    assert four_eyes(engine, run, "echo", "1")  # type: ignore[arg-type]

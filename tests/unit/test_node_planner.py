@@ -314,3 +314,15 @@ async def test_a_planner_s_account_of_its_usage_is_counted_within_bounds(
         assert usage["cost_usd"] == 0.0
     step = await env.store.get_step(env.run_id, 0)
     assert step is not None and step.decision.usage.tokens == usage["tokens"]
+
+
+async def test_a_planner_answering_no_decision_is_a_planner_error(env: NodeEnv) -> None:
+    """A custom planner's bug: it fails the run PLANNER_ERROR, not the node."""
+
+    class DictPlanner:
+        async def next_step(self, view: PlannerView) -> Any:
+            return {"kind": "finish", "answer": "done"}
+
+    update = await make_planner_node(DictPlanner(), env.tools)(env.state(), env.runtime)
+
+    assert update["outcome"]["code"] == "PLANNER_ERROR"
