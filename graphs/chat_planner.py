@@ -39,7 +39,6 @@ from pydantic import ValidationError
 
 from runtime.budget import SPENT_CAP
 from runtime.events import handoff_tool
-from runtime.ids import HANDOFF_PREFIX
 from runtime.model import Decision, DecisionUsage, Handoff, ProposedCall
 from runtime.planner import LLM_CALLS, LLM_SPENT, Observation, PlannerView
 from runtime.storable import utf8
@@ -114,7 +113,7 @@ def tool_schemas(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         {
             "type": "function",
             "function": {
-                "name": tool["name"],
+                "name": function_of(tool["name"]),
                 "description": tool.get("description") or tool["name"],
                 "parameters": tool.get("schema") or {"type": "object", "properties": {}},
             },
@@ -269,23 +268,24 @@ def _tokens(message: AIMessage) -> int:
 
 
 def offered(obs: Observation) -> str:
-    """The function name under which the model was offered an observation's tool: a
-    handoff's as :func:`function_name` makes it (a past call under a name the provider
-    refuses is a 400 too); a registry tool's as it is, whatever it starts with."""
-    prefix = handoff_tool("")
-    if obs.tool_call_id.startswith(HANDOFF_PREFIX) and obs.tool.startswith(prefix):
-        return function_name(obs.tool.removeprefix(prefix))
-    return obs.tool
+    """The function name under which the model was offered an observation's tool (a
+    past call under a name the provider refuses is a 400 too)."""
+    return function_of(obs.tool)
 
 
 def function_name(agent_id: str) -> str:
     """The function a model calls to hand off to ``agent_id``: ``handoff_to_<id>``, as
-    the run's events name it, where providers take it (letters, digits, ``_`` and
-    ``-``, at most 64); else made so, with a hash of the id to keep it one agent's."""
-    name = handoff_tool(agent_id)
+    the run's events name it, where providers take it."""
+    return function_of(handoff_tool(agent_id))
+
+
+def function_of(name: str) -> str:
+    """A tool's name where providers take it as a function's (letters, digits, ``_``
+    and ``-``, at most 64); else made so, with a hash of the name to keep it one tool's.
+    An id with a dot (``sales.report``) made every call of its planner a 400."""
     if FUNCTION_NAME.fullmatch(name):
         return name
-    digest = hashlib.sha256(agent_id.encode()).hexdigest()[:8]
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"{re.sub(r'[^A-Za-z0-9_-]', '_', name)[:55]}_{digest}"
 
 
@@ -348,9 +348,11 @@ def _decision(
         )
     if message.tool_calls:
         versions = {t["name"]: t.get("version") for t in tools}
+        named = {function_of(t["name"]): t["name"] for t in tools}  # as it was offered
         calls = [
-            ProposedCall(tool=utf8(c["name"]), version=versions.get(c["name"]), args=c["args"])
+            ProposedCall(tool=tool, version=versions.get(tool), args=c["args"])
             for c in message.tool_calls
+            for tool in [named.get(c["name"], utf8(c["name"]))]
         ]
         summary = "call " + ", ".join(c.tool for c in calls)
         return Decision(

@@ -366,13 +366,21 @@ def test_a_handoff_is_offered_under_a_name_every_provider_takes(agent_id: str) -
     assert [m.name for m in history if isinstance(m, ToolMessage)] == [name]
 
 
-def test_a_registry_tool_is_told_back_under_its_own_name() -> None:
-    """Whatever it starts with: only a handoff's call (a handoff id) is renamed."""
-    past = Observation(
-        step_index=0, tool_call_id="tc-1", tool="handoff_to_my.tool", status="succeeded"
-    )
+def test_a_registry_tool_is_offered_called_and_told_back_under_one_name() -> None:
+    """Registry names are free: one with a dot was offered as it was, and every call of
+    its planner was a 400. Offered under a name providers take, a call under that name
+    is the registry's tool, and its past calls are told back under the same name."""
+    tools = [{"name": "sales.query", "version": "2", "description": "d", "schema": {}}]
+    (schema,) = tool_schemas(tools)
+    name = schema["function"]["name"]
+    assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name) and name.startswith("sales_query_")
+    decision = to_decision(AIMessage(content="", tool_calls=[tool_call(name)]), tools)
+    assert [(c.tool, c.version) for c in decision.tool_calls] == [("sales.query", "2")]
+    past = Observation(step_index=0, tool_call_id="tc-1", tool="sales.query", status="succeeded")
     history = build_messages(view([], past))
-    assert [m.name for m in history if isinstance(m, ToolMessage)] == ["handoff_to_my.tool"]
+    assert [m.name for m in history if isinstance(m, ToolMessage)] == [name]
+    (plain,) = tool_schemas([{"name": "query_sales"}])
+    assert plain["function"]["name"] == "query_sales"  # a name providers take stays
 
 
 async def test_usage_metadata_sets_tokens_and_cost(tools: list[dict[str, Any]]) -> None:
