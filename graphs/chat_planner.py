@@ -212,7 +212,9 @@ def build_messages(
                 AIMessage(
                     content="",
                     tool_calls=[
-                        LCToolCall(name=offered(obs), args={}, id=call_id, type="tool_call")
+                        LCToolCall(
+                            name=function_of(obs.tool), args={}, id=call_id, type="tool_call"
+                        )
                         for obs, call_id in zip(calls, ids, strict=True)
                     ],
                 )
@@ -222,7 +224,9 @@ def build_messages(
                     ToolMessage(
                         content=observation_text(obs, max_observation_chars),
                         tool_call_id=call_id,
-                        name=offered(obs),
+                        # As it was offered: a past call under a name the provider
+                        # refuses is a 400 too.
+                        name=function_of(obs.tool),
                         status="success" if obs.status == "succeeded" else "error",
                     )
                 )
@@ -267,12 +271,6 @@ def _tokens(message: AIMessage) -> int:
     return count("total_tokens") or count("input_tokens") + count("output_tokens")
 
 
-def offered(obs: Observation) -> str:
-    """The function name under which the model was offered an observation's tool (a
-    past call under a name the provider refuses is a 400 too)."""
-    return function_of(obs.tool)
-
-
 def function_name(agent_id: str) -> str:
     """The function a model calls to hand off to ``agent_id``: ``handoff_to_<id>``, as
     the run's events name it, where providers take it."""
@@ -309,7 +307,8 @@ def to_decision(
 
 def _usage(message: AIMessage, cost_per_token: float) -> DecisionUsage:
     tokens = _tokens(message)
-    cost = tokens * cost_per_token if tokens < SPENT_CAP else SPENT_CAP * cost_per_token
+    # (Capped before the product: 10**400 tokens times a price overflows a float.)
+    cost = min(tokens, SPENT_CAP) * cost_per_token
     return DecisionUsage(llm_calls=1, tokens=tokens, cost_usd=cost)
 
 
